@@ -1,0 +1,91 @@
+"""The drafter interface and registry.
+
+A drafter proposes up to k tokens per row from the committed tokens in SequenceState.
+It knows nothing of the verifier or of other drafters; after every verify round the
+engine calls `observe_commit` so stateful drafters (KV caches) can roll back.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+import torch
+
+from specactor_engine.sampling import SamplingParams
+from specactor_engine.state import SequenceState
+from specactor_engine.types import DraftProposal
+
+
+@dataclass(frozen=True)
+class DraftRequest:
+    """What the engine asks of a drafter in one round.
+
+    slots:            [R] rows to draft for
+    max_draft_tokens: [R] per-row cap (0 = skip the row); k = max over rows
+    coupled_noise:    True -> draw tokens with the target's position-keyed noise
+                      (position-keyed acceptance); False -> independent draft noise and
+                      return draft probabilities (classic rejection sampling)
+    """
+
+    slots: torch.Tensor
+    max_draft_tokens: torch.Tensor
+    params: SamplingParams
+    coupled_noise: bool = True
+
+
+@dataclass(frozen=True)
+class DrafterContext:
+    """Engine facts a drafter may need to build itself."""
+
+    num_slots: int
+    max_len: int
+    device: str
+    dtype: str
+    target_tokenizer: Any
+    target_vocab_size: int
+    cache_dir: str | None = None
+
+
+class Drafter(ABC):
+    """One draft method."""
+
+    name: str = "drafter"
+    version: int = 0
+
+    def add_rows(self, state: SequenceState, slots: torch.Tensor) -> None:
+        """New sequences were admitted into `slots` (their prompts are in state)."""
+
+    @abstractmethod
+    def propose(self, state: SequenceState, request: DraftRequest) -> DraftProposal:
+        """Draft tokens for request.slots."""
+
+    def observe_commit(self, state: SequenceState, slots: torch.Tensor) -> None:
+        """state now holds the committed tokens of `slots` after a verify round."""
+
+    def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        raise NotImplementedError(f"drafter {self.name!r} has no weights")
+
+    def check_invariants(self, state: SequenceState, slots: torch.Tensor) -> None:
+        """Raise AssertionError if internal state disagrees with `state` (tests)."""
+
+
+DRAFTER_REGISTRY: dict[str, Callable[..., Drafter]] = {}
+
+
+def register_drafter(kind: str) -> Callable[[Callable[..., Drafter]], Callable[..., Drafter]]:
+    """Class decorator: make a drafter constructible from `{kind: <kind>, ...}` config."""
+
+    def wrap(factory: Callable[..., Drafter]) -> Callable[..., Drafter]:
+        DRAFTER_REGISTRY[kind] = factory
+        return factory
+
+    return wrap
+
+
+def build_drafter(config: Any, context: DrafterContext) -> Drafter:
+    """Instantiate the registered drafter for `config.kind` (config: a drafter config model)."""
+    if config.kind not in DRAFTER_REGISTRY:
+        raise ValueError(f"unknown drafter kind {config.kind!r}; known: {', '.join(sorted(DRAFTER_REGISTRY))}")
+    return DRAFTER_REGISTRY[config.kind](config, context)

@@ -1,0 +1,153 @@
+"""A small causal LM as drafter, with its own per-row KV cache.
+
+Invariant (checked by `check_invariants`): the drafter's committed KV length of a
+slot is at most state.lengths - 1 and covers exactly the slot's committed tokens.
+Drafting feeds the not-yet-cached committed tokens, then its own drafts; after a
+verify round the fed drafts that match the committed tokens stay, the rest roll back.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import torch
+
+from specactor_engine.drafters.base import DraftRequest, Drafter, DrafterContext, register_drafter
+from specactor_engine.model_runner import ModelRunner, load_hf_model
+from specactor_engine.sampling import STREAM_DRAFT, STREAM_TARGET, SamplingParams, sample_tokens, warped_probs
+from specactor_engine.state import SequenceState
+from specactor_engine.types import DraftProposal
+from specactor_engine.weights import load_named_weights
+
+
+def check_same_tokenizer(target_tokenizer: Any, draft_tokenizer: Any, draft_name: str) -> None:
+    """Refuse a drafter whose token ids mean something else than the target's."""
+    if target_tokenizer is None:
+        return
+    if target_tokenizer.get_vocab() != draft_tokenizer.get_vocab():
+        raise ValueError(
+            f"drafter {draft_name!r}: its tokenizer differs from the target's "
+            f"({len(draft_tokenizer.get_vocab())} vs {len(target_tokenizer.get_vocab())} entries or different ids); "
+            "a model drafter must share the target's vocabulary"
+        )
+
+
+@register_drafter("model")
+class ModelDrafter(Drafter):
+    """Draft with a small LM; position-keyed noise couples its samples to the target's."""
+
+    def __init__(self, config: Any, context: DrafterContext, model: torch.nn.Module | None = None,
+                 tokenizer: Any = None) -> None:
+        self.name = getattr(config, "name", None) or f"model:{getattr(config, 'model', 'draft')}"
+        if model is None:
+            model, tokenizer = self._load(config, context)
+        check_same_tokenizer(context.target_tokenizer, tokenizer, self.name) if tokenizer is not None else None
+        self.runner = ModelRunner(model, context.num_slots, context.max_len)
+        self.target_vocab_size = context.target_vocab_size
+        self._fed = torch.zeros(context.num_slots, 0, dtype=torch.long)  # drafts fed into the KV, per slot
+        self._fed_base = torch.zeros(context.num_slots, dtype=torch.long)  # state length when they were fed
+        self._fed_count = torch.zeros(context.num_slots, dtype=torch.long)
+
+    @staticmethod
+    def _load(config: Any, context: DrafterContext) -> tuple[torch.nn.Module, Any]:
+        from transformers import AutoTokenizer
+
+        from specactor_engine.models import resolve_model
+
+        dtype = getattr(config, "dtype", None) or context.dtype
+        path = resolve_model(config.model, dtype=dtype, cache_dir=context.cache_dir)
+        return load_hf_model(path, dtype, context.device), AutoTokenizer.from_pretrained(path)
+
+    def add_rows(self, state: SequenceState, slots: torch.Tensor) -> None:
+        """Prefill the prompts (without their last token) so the first propose is cheap."""
+        self.runner.set_lengths(slots, torch.zeros_like(slots))
+        self._fed_count[slots] = 0
+        prompt_lengths = state.prompt_lengths[slots] - 1
+        width = int(prompt_lengths.max())
+        if width > 0:
+            tokens, _ = state.gather(slots, torch.zeros_like(slots), width)
+            self.runner.forward(tokens, slots, prompt_lengths, logits_at="none")
+            self.runner.commit(slots, prompt_lengths)
+
+    def _logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """Match the target's vocabulary width so token ids and noise line up: [..., V_target]."""
+        width = logits.shape[-1]
+        if width > self.target_vocab_size:
+            return logits[..., : self.target_vocab_size]
+        if width < self.target_vocab_size:
+            pad = logits.new_full((*logits.shape[:-1], self.target_vocab_size - width), float("-inf"))
+            return torch.cat([logits, pad], dim=-1)
+        return logits
+
+    def _sample(self, logits: torch.Tensor, state: SequenceState, slots: torch.Tensor, out_pos: torch.Tensor,
+                request: DraftRequest) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """logits [R, V] at output positions out_pos [R] -> (tokens [R], probs [R, V] or None)."""
+        logits = self._logits(logits)[:, None]
+        stream = STREAM_TARGET if request.coupled_noise else STREAM_DRAFT
+        tokens = sample_tokens(logits, request.params, state.seq_keys[slots], out_pos[:, None], stream)[:, 0]
+        probs = None if request.coupled_noise else warped_probs(logits, request.params)[:, 0]
+        return tokens, probs
+
+    def propose(self, state: SequenceState, request: DraftRequest) -> DraftProposal:
+        active = request.max_draft_tokens > 0
+        slots, caps = request.slots[active], request.max_draft_tokens[active]
+        k = int(caps.max()) if len(slots) else 0
+        out = DraftProposal(
+            token_ids=torch.zeros(len(request.slots), k, dtype=torch.long),
+            num_tokens=torch.where(active, request.max_draft_tokens, 0),
+        )
+        if k == 0:
+            return out
+        drafts, probs = self._draft(state, slots, k, request)
+        out.token_ids[active] = drafts
+        if probs is not None:
+            out.probs = torch.zeros(len(request.slots), k, probs.shape[-1], dtype=probs.dtype)
+            out.probs[active] = probs
+        return out
+
+    def _draft(self, state: SequenceState, slots: torch.Tensor, k: int, request: DraftRequest
+               ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """k autoregressive draft steps for `slots`: tokens [R, k], probs [R, k, V] or None."""
+        start = self.runner.lengths[slots].clone()
+        pending, counts = state.gather(slots, start, int((state.lengths[slots] - start).max()))
+        logits = self.runner.forward(pending, slots, counts, logits_at="last")
+        self.runner.commit(slots, counts)
+        out_pos = state.output_positions(slots)
+        tokens, step_probs, all_probs = [], [], []
+        for step in range(k):
+            token, probs = self._sample(logits, state, slots, out_pos + step, request)
+            tokens.append(token)
+            all_probs.append(probs)
+            if step + 1 < k:
+                logits = self.runner.forward(token[:, None], slots, logits_at="last")
+                self.runner.commit(slots, torch.ones_like(slots))
+        drafts = torch.stack(tokens, dim=1)
+        self._fed_base[slots] = state.lengths[slots]
+        self._fed_count[slots] = k - 1
+        if self._fed.shape[1] < k - 1:
+            self._fed = torch.zeros(self._fed.shape[0], k - 1, dtype=torch.long)
+        self._fed[slots, : k - 1] = drafts[:, : k - 1]
+        probs_out = torch.stack(all_probs, dim=1) if all_probs[0] is not None else None
+        return drafts, probs_out
+
+    def observe_commit(self, state: SequenceState, slots: torch.Tensor) -> None:
+        """Keep the fed drafts that became committed tokens; roll the rest back."""
+        slots = slots[self._fed_count[slots] > 0]
+        if len(slots) == 0:
+            return
+        base, fed = self._fed_base[slots], self._fed_count[slots]
+        width = int(fed.max())
+        committed, counts = state.gather(slots, base, width)
+        valid = torch.arange(width)[None, :] < torch.minimum(counts, fed)[:, None]
+        match = (committed == self._fed[slots, :width]) & valid
+        kept = match.long().cumprod(dim=1).sum(dim=1)
+        self.runner.set_lengths(slots, base + kept)
+        self._fed_count[slots] = 0
+
+    def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        load_named_weights(self.runner.model, weights)
+        self.version = version
+
+    def check_invariants(self, state: SequenceState, slots: torch.Tensor) -> None:
+        kv, committed = self.runner.lengths[slots], state.lengths[slots]
+        assert bool((kv <= committed - 1).all()), f"{self.name}: drafter KV {kv.tolist()} past {committed.tolist()}"

@@ -1,0 +1,354 @@
+"""The rollout engine: batched, per-row speculative decoding that emits exactly what
+plain decoding emits.
+
+One verify round (ARCHITECTURE.md section 3):
+    schedule -> propose (drafters) -> verify (one target forward over [last, d1..dk])
+    -> accept (pure rule) -> stop checks -> commit/roll back every KV -> observe stats
+
+The engine knows nothing about Prefect, DeepSpeed or W&B; it is built from a config
+(or from in-memory models in tests) and driven with `generate` / `update_weights`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Sequence
+
+import torch
+
+from specactor_engine import acceptance
+from specactor_engine.drafters import DraftRequest, Drafter, DrafterContext, build_drafter
+from specactor_engine.model_runner import ModelRunner, load_hf_model
+from specactor_engine.sampling import (
+    STREAM_ACCEPT,
+    STREAM_RECOVER,
+    SamplingParams,
+    gumbel_noise,
+    sample_tokens,
+    sequence_key,
+    token_logprobs,
+    uniform_noise,
+    warped_probs,
+)
+from specactor_engine.state import SequenceState
+from specactor_engine.stopping import StopRules, find_stop_string, truncate_emitted
+from specactor_engine.tokenize import encode_request, eos_token_ids
+from specactor_engine.types import DraftProposal, EngineStats, Request, RolloutResult, SequenceOutput
+from specactor_engine.weights import load_named_weights
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Sequence:
+    """Bookkeeping of one sample while it is decoded."""
+
+    request: Request
+    sample_index: int
+    prompt_ids: list[int]
+    key: int
+    output_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish_reason: str | None = None
+    text: str | None = None
+    error: str | None = None
+
+
+class Engine:
+    """Target model + drafters + the decode loop."""
+
+    def __init__(self, target: torch.nn.Module, tokenizer: Any, *, mode: str = "ar", num_draft_tokens: int = 4,
+                 acceptance_rule: str = "position_keyed", max_batch_size: int = 256, max_model_len: int = 2048,
+                 chat_template: bool = True, drafters: Sequence[Drafter] = (), check_invariants: bool = False) -> None:
+        self.tokenizer = tokenizer
+        self.mode = mode
+        self.num_draft_tokens = num_draft_tokens if mode != "ar" else 0
+        self.acceptance_rule = acceptance_rule
+        self.max_batch_size = max_batch_size
+        self.max_model_len = max_model_len
+        self.chat_template = chat_template
+        self.drafters = list(drafters) if mode != "ar" else []
+        self.check_invariants = check_invariants
+        self.policy_version = 0
+        self.vocab_size = target.config.vocab_size
+        self.runner = ModelRunner(target, max_batch_size, max_model_len + self.num_draft_tokens + 1)
+        self.eos_ids = eos_token_ids(tokenizer, target)
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_config(cls, config: Any) -> "Engine":
+        """Build from a SpecActorConfig (see specactor_engine.config)."""
+        from transformers import AutoTokenizer
+
+        from specactor_engine.models import resolve_model
+
+        if config.threads:
+            torch.set_num_threads(config.threads)
+        path = resolve_model(config.model.target, dtype=config.model.dtype, cache_dir=config.model.cache_dir)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        target = load_hf_model(path, config.model.dtype, config.model.device)
+        context = DrafterContext(
+            num_slots=config.rollout.max_batch_size,
+            max_len=config.model.max_model_len + config.rollout.num_draft_tokens + 1,
+            device=config.model.device, dtype=config.model.dtype, target_tokenizer=tokenizer,
+            target_vocab_size=target.config.vocab_size, cache_dir=config.model.cache_dir,
+        )
+        drafters = [build_drafter(d, context) for d in config.rollout.drafters] if config.rollout.mode != "ar" else []
+        return cls(target, tokenizer, mode=config.rollout.mode, num_draft_tokens=config.rollout.num_draft_tokens,
+                   acceptance_rule=config.rollout.acceptance, max_batch_size=config.rollout.max_batch_size,
+                   max_model_len=config.model.max_model_len, chat_template=config.model.chat_template,
+                   drafters=drafters)
+
+    def drafter_context(self) -> DrafterContext:
+        """The context drafters for this engine must be built with."""
+        return DrafterContext(self.max_batch_size, self.runner.cache.max_len, str(self.runner.device),
+                              str(self.runner.dtype).removeprefix("torch."), self.tokenizer, self.vocab_size)
+
+    # ------------------------------------------------------------------ weights
+    def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int,
+                       component: str = "target") -> None:
+        """Load new weights in place: `component` is "target" or a drafter's name."""
+        if component == "target":
+            load_named_weights(self.runner.model, weights)
+            self.policy_version = version
+            return
+        by_name = {d.name: d for d in self.drafters}
+        if component not in by_name:
+            raise KeyError(f"no drafter named {component!r}; drafters: {', '.join(by_name) or 'none'}")
+        by_name[component].update_weights(weights, version)
+
+    # ------------------------------------------------------------------ generate
+    def generate(self, requests: Sequence[Request], sampling: Any) -> RolloutResult:
+        """Roll out `sampling.n` samples of every request; outputs in (request, sample) order."""
+        started = time.perf_counter()
+        stats = EngineStats(mode=self.mode, drafted_per_position=[0] * self.num_draft_tokens,
+                            accepted_per_position=[0] * self.num_draft_tokens)
+        sequences = self._prepare(requests, sampling)
+        run = _Run(self, sampling, stats)
+        run.decode([s for s in sequences if s.error is None])
+        stats.total_s = time.perf_counter() - started
+        stats.num_sequences = len(sequences)
+        stats.output_tokens = sum(len(s.output_ids) for s in sequences)
+        return RolloutResult([self._to_output(s) for s in sequences], stats)
+
+    def _prepare(self, requests: Sequence[Request], sampling: Any) -> list[_Sequence]:
+        sequences = []
+        for request in requests:
+            prompt_ids, error = encode_request(request, self.tokenizer, self.chat_template)
+            if error is None and len(prompt_ids) >= self.max_model_len:
+                error = f"prompt has {len(prompt_ids)} tokens; the context limit (model.max_model_len) is " \
+                        f"{self.max_model_len} including at least one generated token"
+            for j in range(sampling.n):
+                seq = _Sequence(request, j, prompt_ids or [], sequence_key(sampling.seed, request.request_id, j))
+                if error is not None:
+                    seq.error, seq.finish_reason = error, "error"
+                sequences.append(seq)
+        return sequences
+
+    def _to_output(self, seq: _Sequence) -> SequenceOutput:
+        text = seq.text if seq.text is not None else self.tokenizer.decode(seq.output_ids, skip_special_tokens=True)
+        return SequenceOutput(seq.request.request_id, seq.sample_index, seq.prompt_ids, seq.output_ids, text,
+                              seq.logprobs, seq.finish_reason or "length", self.policy_version, seq.error)
+
+
+class _Run:
+    """State of one `generate` call: slots, sequences in flight, the round loop."""
+
+    def __init__(self, engine: Engine, sampling: Any, stats: EngineStats) -> None:
+        self.engine = engine
+        self.runner = engine.runner
+        self.stats = stats
+        self.params = SamplingParams(sampling.temperature, sampling.top_k, sampling.top_p)
+        stop_ids = set(sampling.stop_token_ids) | (set() if sampling.ignore_eos else set(engine.eos_ids))
+        self.rules = StopRules(frozenset(stop_ids), tuple(sampling.stop), sampling.max_new_tokens,
+                               engine.max_model_len)
+        self.state = SequenceState.allocate(engine.max_batch_size, self.runner.cache.max_len)
+        self.slot_seq: dict[int, _Sequence] = {}
+        self.free = list(range(engine.max_batch_size - 1, -1, -1))
+        self.rejection = engine.acceptance_rule == "rejection" and not self.params.greedy
+
+    def decode(self, sequences: list[_Sequence]) -> None:
+        pending = deque(sequences)
+        while pending or self.slot_seq:
+            if pending and self.free:
+                self._admit([pending.popleft() for _ in range(min(len(pending), len(self.free)))])
+            if self.slot_seq:
+                self._round()
+
+    # ------------------------------------------------------------------ admission / prefill
+    def _admit(self, batch: list[_Sequence]) -> None:
+        """Prefill new sequences (one forward per distinct prompt) and sample their first token."""
+        started = time.perf_counter()
+        slots = torch.tensor([self.free.pop() for _ in batch])
+        for slot, seq in zip(slots.tolist(), batch):
+            self.slot_seq[slot] = seq
+            prompt = torch.tensor(seq.prompt_ids)
+            self.state.tokens[slot, : len(prompt)] = prompt
+            self.state.lengths[slot] = self.state.prompt_lengths[slot] = len(prompt)
+            self.state.seq_keys[slot] = seq.key
+        first_of: dict[int, int] = {}
+        for i, seq in enumerate(batch):
+            first_of.setdefault(id(seq.request), i)
+        leaders = sorted(set(first_of.values()))
+        lead_slots = slots[leaders]
+        self.runner.set_lengths(slots, torch.zeros_like(slots))
+        tokens, counts = self.state.gather(lead_slots, torch.zeros_like(lead_slots), int(self.state.lengths[lead_slots].max()))
+        lead_logits = self.runner.forward(tokens, lead_slots, counts, logits_at="last")  # [P, V]
+        self.runner.commit(lead_slots, counts)
+        row_of_leader = {lead: row for row, lead in enumerate(leaders)}
+        rows = torch.tensor([row_of_leader[first_of[id(seq.request)]] for seq in batch])
+        followers = torch.tensor([i for i in range(len(batch)) if i not in row_of_leader], dtype=torch.long)
+        if len(followers):
+            self.runner.cache.copy_prefix(lead_slots[rows[followers]], slots[followers], counts[rows[followers]])
+        logits = lead_logits[rows][:, None]  # [R, 1, V]
+        for drafter in self.engine.drafters:
+            drafter.add_rows(self.state, slots)
+        self.stats.prefill_s += time.perf_counter() - started
+        no_drafts = torch.zeros(len(slots), 0, dtype=torch.long)
+        self._emit(slots, logits, no_drafts, torch.zeros(len(slots), dtype=torch.long), None, prefill=True)
+
+    # ------------------------------------------------------------------ one verify round
+    def _round(self) -> None:
+        slots = torch.tensor(sorted(self.slot_seq))
+        caps = self._draft_caps(slots)
+        started = time.perf_counter()
+        proposal, sources = self._propose(slots, caps)
+        self.stats.draft_s += time.perf_counter() - started
+        started = time.perf_counter()
+        last = self.state.tokens[slots, self.state.lengths[slots] - 1]
+        inputs = torch.cat([last[:, None], proposal.token_ids], dim=1)  # [R, k+1]
+        logits = self.runner.forward(inputs, slots, proposal.num_tokens + 1)  # [R, k+1, V]
+        self.stats.verify_s += time.perf_counter() - started
+        self.stats.verify_rounds += 1
+        self.stats.row_rounds += len(slots)
+        self._emit(slots, logits, proposal.token_ids, proposal.num_tokens, proposal.probs, sources)
+
+    def _draft_caps(self, slots: torch.Tensor) -> torch.Tensor:
+        """Per-row draft count so a round never passes max_new_tokens or the context: [R]."""
+        k = self.engine.num_draft_tokens
+        out_left = self.rules.max_new_tokens - self.state.output_positions(slots) - 1
+        ctx_left = self.rules.max_model_len - self.state.lengths[slots] - 1
+        return torch.minimum(torch.minimum(out_left, ctx_left), torch.tensor(k)).clamp_min(0)
+
+    def _propose(self, slots: torch.Tensor, caps: torch.Tensor) -> tuple[DraftProposal, list[str | None]]:
+        """Cascade: each drafter in order drafts for the rows still without drafts."""
+        k = int(caps.max()) if len(caps) else 0
+        merged = DraftProposal(torch.zeros(len(slots), k, dtype=torch.long), torch.zeros(len(slots), dtype=torch.long))
+        sources: list[str | None] = [None] * len(slots)
+        if k == 0 or not self.engine.drafters:
+            return merged, sources
+        need = caps > 0
+        probs_parts: list[tuple[torch.Tensor, torch.Tensor]] = []
+        for drafter in self.engine.drafters:
+            rows = need.nonzero().flatten()
+            if len(rows) == 0:
+                break
+            request = DraftRequest(slots[rows], caps[rows], self.params, coupled_noise=not self.rejection)
+            proposal = drafter.propose(self.state, request)
+            got = proposal.num_tokens > 0
+            taken = rows[got]
+            width = proposal.token_ids.shape[1]
+            merged.token_ids[taken, :width] = proposal.token_ids[got]
+            merged.num_tokens[taken] = proposal.num_tokens[got]
+            if proposal.probs is not None:
+                probs_parts.append((taken, proposal.probs[got]))
+            for row in taken.tolist():
+                sources[row] = drafter.name
+            need[taken] = False
+        if self.rejection and probs_parts:
+            merged.probs = self._merge_probs(merged, probs_parts)
+        return merged, sources
+
+    def _merge_probs(self, merged: DraftProposal, parts: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        """Draft distributions [R, k, V]: given ones where a drafter sampled, one-hot elsewhere."""
+        R, k = merged.token_ids.shape
+        probs = torch.zeros(R, k, self.engine.vocab_size, dtype=torch.float64)
+        probs.scatter_(-1, merged.token_ids[..., None], 1.0)
+        for rows, part in parts:
+            probs[rows, : part.shape[1]] = part.to(torch.float64)
+        return probs
+
+    def _choose(self, slots: torch.Tensor, logits: torch.Tensor, drafts: torch.Tensor, num_drafts: torch.Tensor,
+                draft_probs: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run the acceptance rule: (num_accepted [R], output tokens [R, k+1])."""
+        positions = self.state.output_positions(slots)[:, None] + torch.arange(logits.shape[1])[None, :]
+        keys = self.state.seq_keys[slots]
+        if not self.rejection:
+            targets = sample_tokens(logits, self.params, keys, positions)
+            return acceptance.accept_position_keyed(drafts, num_drafts, targets)
+        k = drafts.shape[1]
+        target_probs = warped_probs(logits, self.params)
+        uniforms = uniform_noise(keys, positions[:, :k], 1, STREAM_ACCEPT)[..., 0]
+        recovery = gumbel_noise(keys, positions, self.engine.vocab_size, STREAM_RECOVER)
+        return acceptance.accept_rejection(drafts, num_drafts, draft_probs, target_probs, uniforms, recovery)
+
+    def _emit(self, slots: torch.Tensor, logits: torch.Tensor, drafts: torch.Tensor, num_drafts: torch.Tensor,
+              draft_probs: torch.Tensor | None, sources: list[str | None] | None = None, prefill: bool = False) -> None:
+        """Accept, apply stop rules, commit every cache and retire finished rows.
+
+        A verify block fed [last, d1..dk], so `counts` of its entries become committed KV;
+        after prefill the KV already holds the prompt and the new token is not in it yet.
+        """
+        num_accepted, output = self._choose(slots, logits, drafts, num_drafts, draft_probs)
+        logprobs = token_logprobs(logits, output.to(logits.device), self.params.temperature)
+        counts = self._apply_stops(slots, output, num_accepted + 1, logprobs)
+        self.state.append(slots, output, counts)
+        if not prefill:
+            self.runner.commit(slots, counts)
+        for drafter in self.engine.drafters:
+            drafter.observe_commit(self.state, slots)
+        self._observe(num_drafts, num_accepted, sources)
+        if self.engine.check_invariants:
+            self._assert_invariants(slots)
+        for slot in slots.tolist():
+            if self.slot_seq[slot].finish_reason is not None:
+                del self.slot_seq[slot]
+                self.free.append(slot)
+
+    def _apply_stops(self, slots: torch.Tensor, output: torch.Tensor, emitted: torch.Tensor,
+                     logprobs: torch.Tensor) -> torch.Tensor:
+        """Truncate each row's emitted tokens at its stop condition; record them: counts [R]."""
+        counts = emitted.clone()
+        out_rows, lp_rows, lengths = output.tolist(), logprobs.tolist(), self.state.lengths[slots].tolist()
+        for row, slot in enumerate(slots.tolist()):
+            seq = self.slot_seq[slot]
+            new = out_rows[row][: int(emitted[row])]
+            keep, reason = truncate_emitted(new, len(seq.output_ids), lengths[row], self.rules)
+            seq.output_ids.extend(new[:keep])
+            seq.logprobs.extend(lp_rows[row][:keep])
+            hit = find_stop_string(seq.output_ids, keep, self.rules, self._decode)
+            if hit is not None:
+                drop = len(seq.output_ids) - hit[0]
+                del seq.output_ids[hit[0]:], seq.logprobs[hit[0]:]
+                keep, reason, seq.text = keep - drop, "stop", hit[1]
+            seq.finish_reason = reason
+            counts[row] = keep
+        return counts
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.engine.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def _observe(self, num_drafts: torch.Tensor, num_accepted: torch.Tensor, sources: list[str | None] | None) -> None:
+        if sources is None:
+            return
+        stats = self.stats
+        stats.drafted_tokens += int(num_drafts.sum())
+        stats.accepted_tokens += int(num_accepted.sum())
+        deepest = int(num_drafts.max()) if len(num_drafts) else 0
+        for i in range(min(len(stats.drafted_per_position), deepest)):
+            stats.drafted_per_position[i] += int((num_drafts > i).sum())
+            stats.accepted_per_position[i] += int((num_accepted > i).sum())
+        for row, name in enumerate(sources):
+            if name is not None:
+                stats.drafted_per_drafter[name] = stats.drafted_per_drafter.get(name, 0) + int(num_drafts[row])
+                stats.accepted_per_drafter[name] = stats.accepted_per_drafter.get(name, 0) + int(num_accepted[row])
+
+    def _assert_invariants(self, slots: torch.Tensor) -> None:
+        """Target KV holds every committed token but the last; drafters check their own."""
+        kv, committed = self.runner.lengths[slots], self.state.lengths[slots]
+        assert torch.equal(kv, committed - 1), f"target KV lengths {kv.tolist()} != {(committed - 1).tolist()}"
+        for drafter in self.engine.drafters:
+            drafter.check_invariants(self.state, slots)

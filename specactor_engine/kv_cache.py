@@ -1,0 +1,61 @@
+"""Static KV cache with a committed length per row.
+
+Layout per layer: keys/values [num_slots, max_len, num_kv_heads, head_dim]. A row
+(slot) owns positions [0, lengths[slot]); anything past that is scratch. Writing a
+verify block puts k+1 entries past the committed length; committing `a` of them is
+`lengths += a`, and rolling back is simply not advancing: no copy, ever.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVCache:
+    """Per-layer key/value buffers plus the committed length of every slot."""
+
+    def __init__(
+        self,
+        num_layers: int,
+        num_slots: int,
+        max_len: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        shape = (num_slots, max_len, num_kv_heads, head_dim)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.lengths = torch.zeros(num_slots, dtype=torch.long)  # committed tokens per slot (host)
+        self.max_len = max_len
+        self.num_slots = num_slots
+
+    def write(self, layer: int, slots: torch.Tensor, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store new entries.
+
+        slots: [R]; positions: [R, T] absolute positions; k, v: [R, T, H_kv, D].
+        """
+        index = (slots.to(self.keys[layer].device)[:, None], positions.to(self.keys[layer].device))
+        self.keys[layer][index] = k
+        self.values[layer][index] = v
+
+    def read(self, layer: int, slots: torch.Tensor, upto: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys/values of `slots` for positions [0, upto): two [R, upto, H_kv, D] tensors.
+
+        Contiguous slot ranges are views; anything else is gathered.
+        """
+        keys, values = self.keys[layer], self.values[layer]
+        first = int(slots[0])
+        if int(slots[-1]) - first + 1 == len(slots) and bool((slots.diff() == 1).all()):
+            return keys[first : first + len(slots), :upto], values[first : first + len(slots), :upto]
+        idx = slots.to(keys.device)
+        return keys[idx, :upto], values[idx, :upto]
+
+    def copy_prefix(self, src: torch.Tensor, dst: torch.Tensor, length: torch.Tensor) -> None:
+        """Copy the first `length[i]` positions of slot src[i] into slot dst[i] (prompt sharing)."""
+        upto = int(length.max())
+        for keys, values in zip(self.keys, self.values):
+            keys[dst, :upto] = keys[src, :upto]
+            values[dst, :upto] = values[src, :upto]
+        self.lengths[dst] = length

@@ -1,0 +1,144 @@
+"""Forward pass of a Hugging Face decoder-only model over a per-row-length KV cache.
+
+The runner reuses the model's own modules (embeddings, norms, projections, MLPs,
+rotary embedding), so weights, names and numerics stay Hugging Face's, and replaces
+only the attention bookkeeping: every row has its own committed length, writes land
+at `length + i`, and a query at absolute position p sees keys [0, p]. This gives
+ragged batched prefill, k+1-token verification and free rollback.
+
+Supported families: llama, qwen2, qwen3, mistral (see SUPPORTED_MODEL_TYPES).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specactor_engine.kv_cache import KVCache
+
+logger = logging.getLogger(__name__)
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
+DTYPES = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float64": torch.float64,
+}
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [R, T, H, D]; cos, sin: [R, T, D]."""
+    return x * cos[:, :, None] + _rotate_half(x) * sin[:, :, None]
+
+
+def load_hf_model(path: str | Path, dtype: str, device: str = "cpu") -> nn.Module:
+    """Load a causal LM from a local Hugging Face directory and check its family."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(path)
+    if config.model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(
+            f"{path}: model_type {config.model_type!r} is not supported; "
+            f"supported families: {', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], attn_implementation="sdpa")
+    return model.to(device).eval().requires_grad_(False)
+
+
+class ModelRunner:
+    """Owns one model and its KV cache; `forward` runs any number of new tokens per row."""
+
+    def __init__(self, model: nn.Module, num_slots: int, max_len: int) -> None:
+        config = model.config
+        self.model = model
+        self.config = config
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+        self.sliding_window = getattr(config, "sliding_window", None) if config.model_type == "mistral" else None
+        self.vocab_size = config.vocab_size
+        self.cache = KVCache(
+            config.num_hidden_layers, num_slots, max_len, self.num_kv_heads, self.head_dim, self.dtype, self.device
+        )
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        """Committed KV length per slot: [num_slots] int64 (host)."""
+        return self.cache.lengths
+
+    def _attention_mask(self, positions: torch.Tensor, upto: int) -> torch.Tensor:
+        """[R, 1, T, upto] bool: query at absolute position p sees keys 0..p (within the window)."""
+        keys = torch.arange(upto)
+        mask = keys[None, None, :] <= positions[:, :, None]
+        if self.sliding_window:
+            mask &= keys[None, None, :] > positions[:, :, None] - self.sliding_window
+        return mask[:, None].to(self.device)
+
+    def _attention(self, layer_idx: int, layer: nn.Module, x: torch.Tensor, slots: torch.Tensor,
+                   positions: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
+        attn = layer.self_attn
+        R, T, _ = x.shape
+        q = attn.q_proj(x).view(R, T, self.num_heads, self.head_dim)
+        k = attn.k_proj(x).view(R, T, self.num_kv_heads, self.head_dim)
+        v = attn.v_proj(x).view(R, T, self.num_kv_heads, self.head_dim)
+        if hasattr(attn, "q_norm"):  # qwen3: per-head RMSNorm before rotary
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        cos, sin = rope
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        self.cache.write(layer_idx, slots, positions, k, v)
+        keys, values = self.cache.read(layer_idx, slots, mask.shape[-1])  # [R, S, H_kv, D]
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
+            attn_mask=mask, scale=attn.scaling, enable_gqa=self.num_kv_heads != self.num_heads,
+        )  # [R, H, T, D]
+        return attn.o_proj(out.transpose(1, 2).reshape(R, T, self.num_heads * self.head_dim))
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, slots: torch.Tensor, num_tokens: torch.Tensor | None = None,
+                logits_at: str = "all") -> torch.Tensor:
+        """Append `input_ids` after each slot's committed length and return logits.
+
+        input_ids: [R, T] (rows right-padded; pad positions write scratch KV only)
+        slots: [R] cache rows; num_tokens: [R] valid tokens per row (default T)
+        logits_at: "all" -> [R, T, V]; "last" -> [R, V] at each row's last valid token;
+                   "none" -> empty tensor (prefill of a drafter that only needs KV)
+        The committed lengths are NOT advanced: callers commit with `commit`.
+        """
+        R, T = input_ids.shape
+        start = self.cache.lengths[slots]  # [R]
+        positions = start[:, None] + torch.arange(T)[None, :]  # [R, T]
+        if int(positions.max()) >= self.cache.max_len:
+            raise RuntimeError(f"KV cache overflow: position {int(positions.max())} >= {self.cache.max_len}")
+        inner = self.model.model
+        h = inner.embed_tokens(input_ids.to(self.device))
+        rope = inner.rotary_emb(h, positions.to(self.device))
+        mask = self._attention_mask(positions, int(positions.max()) + 1)
+        for idx, layer in enumerate(inner.layers):
+            h = h + self._attention(idx, layer, layer.input_layernorm(h), slots, positions, rope, mask)
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        if logits_at == "none":
+            return torch.empty(0)
+        if logits_at == "last":
+            last = (num_tokens if num_tokens is not None else torch.full((R,), T)) - 1
+            h = h[torch.arange(R), last.to(self.device)]
+        return self.model.lm_head(inner.norm(h))
+
+    def commit(self, slots: torch.Tensor, num_new: torch.Tensor) -> None:
+        """Advance committed lengths of `slots` by `num_new` [R] (the rest of the block is dropped)."""
+        self.cache.lengths[slots] += num_new
+
+    def set_lengths(self, slots: torch.Tensor, lengths: torch.Tensor) -> None:
+        """Roll back (or reset) slots to the given committed lengths."""
+        self.cache.lengths[slots] = lengths
