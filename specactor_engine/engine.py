@@ -74,7 +74,7 @@ class Engine:
         self.check_invariants = check_invariants
         self.policy_version = 0
         self.vocab_size = target.config.vocab_size
-        self.runner = ModelRunner(target, max_batch_size, max_model_len + self.num_draft_tokens + 1)
+        self.runner = ModelRunner(target)
         self.eos_ids = eos_token_ids(tokenizer, target)
 
     # ------------------------------------------------------------------ construction
@@ -91,8 +91,6 @@ class Engine:
         tokenizer = AutoTokenizer.from_pretrained(path)
         target = load_hf_model(path, config.model.dtype, config.model.device)
         context = DrafterContext(
-            num_slots=config.rollout.max_batch_size,
-            max_len=config.model.max_model_len + config.rollout.num_draft_tokens + 1,
             device=config.model.device, dtype=config.model.dtype, target_tokenizer=tokenizer,
             target_vocab_size=target.config.vocab_size, cache_dir=config.model.cache_dir,
         )
@@ -101,11 +99,6 @@ class Engine:
                    acceptance_rule=config.rollout.acceptance, max_batch_size=config.rollout.max_batch_size,
                    max_model_len=config.model.max_model_len, chat_template=config.model.chat_template,
                    drafters=drafters)
-
-    def drafter_context(self) -> DrafterContext:
-        """The context drafters for this engine must be built with."""
-        return DrafterContext(self.max_batch_size, self.runner.cache.max_len, str(self.runner.device),
-                              str(self.runner.dtype).removeprefix("torch."), self.tokenizer, self.vocab_size)
 
     # ------------------------------------------------------------------ weights
     def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int,
@@ -127,12 +120,23 @@ class Engine:
         stats = EngineStats(mode=self.mode, drafted_per_position=[0] * self.num_draft_tokens,
                             accepted_per_position=[0] * self.num_draft_tokens)
         sequences = self._prepare(requests, sampling)
-        run = _Run(self, sampling, stats)
-        run.decode([s for s in sequences if s.error is None])
+        runnable = [s for s in sequences if s.error is None]
+        run = _Run(self, sampling, stats, self._reserve(runnable, sampling))
+        run.decode(runnable)
         stats.total_s = time.perf_counter() - started
         stats.num_sequences = len(sequences)
         stats.output_tokens = sum(len(s.output_ids) for s in sequences)
         return RolloutResult([self._to_output(s) for s in sequences], stats)
+
+    def _reserve(self, sequences: list[_Sequence], sampling: Any) -> tuple[int, int]:
+        """Allocate target and drafter caches for this call: (slots, tokens per slot)."""
+        num_slots = max(1, min(self.max_batch_size, len(sequences)))
+        longest = max((len(s.prompt_ids) for s in sequences), default=1) + sampling.max_new_tokens
+        max_len = min(self.max_model_len, longest) + self.num_draft_tokens + 1
+        self.runner.allocate(num_slots, max_len)
+        for drafter in self.drafters:
+            drafter.allocate(num_slots, max_len)
+        return num_slots, max_len
 
     def _prepare(self, requests: Sequence[Request], sampling: Any) -> list[_Sequence]:
         sequences = []
@@ -157,7 +161,7 @@ class Engine:
 class _Run:
     """State of one `generate` call: slots, sequences in flight, the round loop."""
 
-    def __init__(self, engine: Engine, sampling: Any, stats: EngineStats) -> None:
+    def __init__(self, engine: Engine, sampling: Any, stats: EngineStats, capacity: tuple[int, int]) -> None:
         self.engine = engine
         self.runner = engine.runner
         self.stats = stats
@@ -165,9 +169,10 @@ class _Run:
         stop_ids = set(sampling.stop_token_ids) | (set() if sampling.ignore_eos else set(engine.eos_ids))
         self.rules = StopRules(frozenset(stop_ids), tuple(sampling.stop), sampling.max_new_tokens,
                                engine.max_model_len)
-        self.state = SequenceState.allocate(engine.max_batch_size, self.runner.cache.max_len)
+        num_slots, max_len = capacity
+        self.state = SequenceState.allocate(num_slots, max_len)
         self.slot_seq: dict[int, _Sequence] = {}
-        self.free = list(range(engine.max_batch_size - 1, -1, -1))
+        self.free = list(range(num_slots - 1, -1, -1))
         self.rejection = engine.acceptance_rule == "rejection" and not self.params.greedy
 
     def decode(self, sequences: list[_Sequence]) -> None:

@@ -58,7 +58,7 @@ def load_hf_model(path: str | Path, dtype: str, device: str = "cpu") -> nn.Modul
 class ModelRunner:
     """Owns one model and its KV cache; `forward` runs any number of new tokens per row."""
 
-    def __init__(self, model: nn.Module, num_slots: int, max_len: int) -> None:
+    def __init__(self, model: nn.Module, num_slots: int = 0, max_len: int = 0) -> None:
         config = model.config
         self.model = model
         self.config = config
@@ -69,9 +69,23 @@ class ModelRunner:
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
         self.sliding_window = getattr(config, "sliding_window", None) if config.model_type == "mistral" else None
         self.vocab_size = config.vocab_size
-        self.cache = KVCache(
-            config.num_hidden_layers, num_slots, max_len, self.num_kv_heads, self.head_dim, self.dtype, self.device
-        )
+        self.cache = self._new_cache(num_slots, max_len)
+
+    def _new_cache(self, num_slots: int, max_len: int) -> KVCache:
+        return KVCache(self.config.num_hidden_layers, num_slots, max_len, self.num_kv_heads, self.head_dim,
+                       self.dtype, self.device)
+
+    def allocate(self, num_slots: int, max_len: int) -> None:
+        """Size the KV cache for a generate call (reuses the buffers when they are big enough).
+
+        Sizing per call matters: 256 slots x 2k positions of a 30-layer model is ~24 GB.
+        """
+        cache = self.cache
+        if cache.num_slots >= num_slots and cache.max_len >= max_len and cache.num_slots <= 2 * num_slots:
+            cache.lengths.zero_()
+            return
+        self.cache = None  # free the old buffers before allocating the new ones
+        self.cache = self._new_cache(num_slots, max_len)
 
     @property
     def lengths(self) -> torch.Tensor:

@@ -39,8 +39,6 @@ class DraftRequest:
 class DrafterContext:
     """Engine facts a drafter may need to build itself."""
 
-    num_slots: int
-    max_len: int
     device: str
     dtype: str
     target_tokenizer: Any
@@ -53,6 +51,9 @@ class Drafter(ABC):
 
     name: str = "drafter"
     version: int = 0
+
+    def allocate(self, num_slots: int, max_len: int) -> None:
+        """Size per-slot buffers for a generate call with `num_slots` rows of up to `max_len` tokens."""
 
     def add_rows(self, state: SequenceState, slots: torch.Tensor) -> None:
         """New sequences were admitted into `slots` (their prompts are in state)."""

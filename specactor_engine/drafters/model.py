@@ -41,12 +41,11 @@ class ModelDrafter(Drafter):
         self.name = getattr(config, "name", None) or f"model:{getattr(config, 'model', 'draft')}"
         if model is None:
             model, tokenizer = self._load(config, context)
-        check_same_tokenizer(context.target_tokenizer, tokenizer, self.name) if tokenizer is not None else None
-        self.runner = ModelRunner(model, context.num_slots, context.max_len)
+        if tokenizer is not None:
+            check_same_tokenizer(context.target_tokenizer, tokenizer, self.name)
+        self.runner = ModelRunner(model)
         self.target_vocab_size = context.target_vocab_size
-        self._fed = torch.zeros(context.num_slots, 0, dtype=torch.long)  # drafts fed into the KV, per slot
-        self._fed_base = torch.zeros(context.num_slots, dtype=torch.long)  # state length when they were fed
-        self._fed_count = torch.zeros(context.num_slots, dtype=torch.long)
+        self.allocate(0, 0)
 
     @staticmethod
     def _load(config: Any, context: DrafterContext) -> tuple[torch.nn.Module, Any]:
@@ -57,6 +56,12 @@ class ModelDrafter(Drafter):
         dtype = getattr(config, "dtype", None) or context.dtype
         path = resolve_model(config.model, dtype=dtype, cache_dir=context.cache_dir)
         return load_hf_model(path, dtype, context.device), AutoTokenizer.from_pretrained(path)
+
+    def allocate(self, num_slots: int, max_len: int) -> None:
+        self.runner.allocate(num_slots, max_len)
+        self._fed = torch.zeros(num_slots, 0, dtype=torch.long)  # drafts fed into the KV, per slot
+        self._fed_base = torch.zeros(num_slots, dtype=torch.long)  # state length when they were fed
+        self._fed_count = torch.zeros(num_slots, dtype=torch.long)
 
     def add_rows(self, state: SequenceState, slots: torch.Tensor) -> None:
         """Prefill the prompts (without their last token) so the first propose is cheap."""
@@ -138,7 +143,8 @@ class ModelDrafter(Drafter):
         base, fed = self._fed_base[slots], self._fed_count[slots]
         width = int(fed.max())
         committed, counts = state.gather(slots, base, width)
-        valid = torch.arange(width)[None, :] < torch.minimum(counts, fed)[:, None]
+        # the last committed token is never in the KV (it is fed next round), hence counts - 1
+        valid = torch.arange(width)[None, :] < torch.minimum(counts - 1, fed)[:, None]
         match = (committed == self._fed[slots, :width]) & valid
         kept = match.long().cumprod(dim=1).sum(dim=1)
         self.runner.set_lengths(slots, base + kept)

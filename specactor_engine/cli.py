@@ -1,0 +1,183 @@
+"""The `specactor` command: manage offline models, write prompt files, run a speculative rollout.
+
+User errors (bad config, bad prompt file, unknown model, missing input) print one clean message
+and exit with code 2; heavy modules (engine, models, tasks) are imported inside the commands so
+that `--help` and config errors are instant.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated, Literal, NoReturn
+
+import typer
+from rich.console import Console
+from rich.logging import RichHandler
+from rich.table import Table
+
+from specactor_engine.config import ConfigError, Dtype, SpecActorConfig, config_to_yaml, load_config
+from specactor_engine.io import PromptFileError, read_requests, write_outputs, write_stats
+from specactor_engine.types import Request, RolloutResult
+
+USER_ERROR_EXIT_CODE = 2
+LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
+CacheDirOption = Annotated[Path | None, typer.Option("--cache-dir", help="Model cache directory.")]
+
+app = typer.Typer(
+    name="specactor",
+    help="SpecActor: lossless speculative-decoding rollouts for RL post-training.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+models_app = typer.Typer(help="List and pull the registered offline models.", no_args_is_help=True)
+app.add_typer(models_app, name="models")
+
+console = Console()
+logger = logging.getLogger("specactor")
+
+
+@app.callback()
+def configure(
+    log_level: Annotated[LogLevel, typer.Option("--log-level", case_sensitive=False, help="Logging level.")] = "INFO",
+) -> None:
+    """Set up logging through rich on stderr."""
+    handler = RichHandler(console=Console(stderr=True), show_path=False, rich_tracebacks=False)
+    logging.basicConfig(level=log_level.upper(), format="%(message)s", handlers=[handler], force=True)
+
+
+@contextlib.contextmanager
+def user_errors(*extra: type[BaseException]) -> Iterator[None]:
+    """Turn expected user errors into one message on stderr and exit code 2."""
+    try:
+        yield
+    except FileNotFoundError as exc:
+        _fail(f"file not found: {exc.filename}" if exc.filename else str(exc))
+    except (ConfigError, PromptFileError, *extra) as exc:
+        _fail(str(exc))
+
+
+def _fail(message: str) -> NoReturn:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code=USER_ERROR_EXIT_CODE)
+
+
+@models_app.command("list")
+def models_list(cache_dir: CacheDirOption = None) -> None:
+    """Show the registered models, their licenses, provenance and whether they are pulled."""
+    from specactor_engine.models import list_models
+
+    table = Table(title="SpecActor models")
+    for column in ("name", "params", "license", "provenance", "pulled"):
+        table.add_column(column, no_wrap=column != "provenance", overflow="fold")
+    for entry in list_models(cache_dir):
+        row = [entry.get(column, "") for column in ("name", "params", "license", "provenance")]
+        table.add_row(*map(str, row), _pulled_text(entry.get("pulled")))
+    console.print(table)
+
+
+def _pulled_text(pulled: object) -> str:
+    """`pulled` is a bool or a mapping of pulled dtypes to paths."""
+    if isinstance(pulled, dict):
+        return ", ".join(pulled) or "no"
+    return "yes" if pulled else "no"
+
+
+@models_app.command("pull")
+def models_pull(
+    name: Annotated[str, typer.Argument(help="A registered model name (see `specactor models list`).")],
+    dtype: Annotated[Dtype, typer.Option("--dtype", help="dtype of the saved weights.")] = "bfloat16",
+    cache_dir: CacheDirOption = None,
+    keep_gguf: Annotated[bool, typer.Option("--keep-gguf", help="Keep the downloaded GGUF file.")] = False,
+) -> None:
+    """Download, verify and convert a registered model to Hugging Face safetensors (idempotent)."""
+    from specactor_engine.models import UnknownModelError, pull_model
+
+    with user_errors(UnknownModelError):
+        path = pull_model(name, dtype=dtype, cache_dir=cache_dir, keep_gguf=keep_gguf)
+    console.print(f"{name} ({dtype}) is ready at {path}", highlight=False, soft_wrap=True)
+
+
+@app.command()
+def prompts(
+    out: Annotated[Path, typer.Option("--out", help="Output JSONL prompt file.")],
+    task: Annotated[str, typer.Option("--task", help="A reasoning-gym task name.")] = "chain_sum",
+    count: Annotated[int, typer.Option("--count", min=1, help="Number of prompts.")] = 4,
+    seed: Annotated[int, typer.Option("--seed", help="Dataset seed.")] = 0,
+) -> None:
+    """Write reasoning-gym prompts as a JSONL prompt file for `specactor rollout`."""
+    from tasks.prompts import write_reasoning_gym_prompts
+
+    write_reasoning_gym_prompts(task, count, seed, out)
+    console.print(f"wrote {count} '{task}' prompts to {out}", highlight=False, soft_wrap=True)
+
+
+@app.command()
+def rollout(
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML config (default: embedded).")] = None,
+    overrides: Annotated[list[str] | None, typer.Option("--set", help="Override a key: --set sampling.n=8")] = None,
+    prompts: Annotated[Path | None, typer.Option("--prompts", help="Input JSONL prompt file.")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="Output JSONL file, one line per sample.")] = None,
+    stats: Annotated[Path | None, typer.Option("--stats", help="Write the rollout stats as JSON here.")] = None,
+    show_config: Annotated[bool, typer.Option("--show-config", help="Print the resolved config YAML.")] = False,
+) -> None:
+    """Generate `sampling.n` samples per prompt with the configured engine and write them as JSONL."""
+    with user_errors():
+        cfg = load_config(config, overrides or ())
+    if show_config:
+        console.print(config_to_yaml(cfg), markup=False, highlight=False, soft_wrap=True, end="")
+        if prompts is None and out is None:
+            return
+    if prompts is None or out is None:
+        _fail("--prompts and --out are required (or pass only --show-config)")
+    if out.is_dir() or (stats is not None and stats.is_dir()):
+        _fail(f"output path is a directory: {out if out.is_dir() else stats}")
+    with user_errors():
+        requests = read_requests(prompts)
+    logger.info("%d requests x %d samples from %s", len(requests), cfg.sampling.n, prompts)
+    result = _generate(cfg, requests)
+    write_outputs(out, result.outputs)
+    if stats is not None:
+        write_stats(stats, result.stats.to_dict())
+    _print_summary(result, out)
+
+
+def _generate(cfg: SpecActorConfig, requests: list[Request]) -> RolloutResult:
+    """Build the engine from `cfg` and run one rollout."""
+    from specactor_engine.engine import Engine
+    from specactor_engine.models import UnknownModelError
+
+    with user_errors(UnknownModelError):
+        engine = Engine.from_config(cfg)
+    return engine.generate(requests, cfg.sampling)
+
+
+def _print_summary(result: RolloutResult, out: Path) -> None:
+    stats = result.stats
+    reasons = Counter(output.finish_reason for output in result.outputs)
+    table = Table(title=f"rollout ({stats.mode}) -> {out}", show_header=False)
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    table.add_row("sequences", str(len(result.outputs)))
+    table.add_row("output tokens", str(stats.output_tokens))
+    table.add_row("tokens/s", f"{stats.tokens_per_s:.1f}")
+    table.add_row("mean acceptance length", f"{stats.mean_acceptance_length:.2f}")
+    table.add_row("acceptance rate", f"{stats.acceptance_rate:.1%}")
+    table.add_row("finish reasons", ", ".join(f"{r}: {c}" for r, c in sorted(reasons.items())))
+    console.print(table)
+    for output in result.outputs:
+        if output.error:
+            logger.warning("request %s sample %d: %s", output.request_id, output.sample_index, output.error)
+
+
+def main() -> None:
+    """Entry point of the `specactor` console script."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

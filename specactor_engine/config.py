@@ -1,0 +1,348 @@
+"""Typed, frozen, validated configuration and its one loader.
+
+`load_config(path, overrides)` reads a YAML file (or the embedded default), applies dotted
+`key=value` overrides and validates the result into a `SpecActorConfig`. Every problem is raised as
+a `ConfigError` whose message names the file, the dotted key and what was expected; callers never
+see a raw pydantic traceback. Each engine component takes only its own sub-config.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import ErrorDetails
+
+Dtype = Literal["float32", "bfloat16", "float16", "float64"]
+RolloutMode = Literal["ar", "coupled"]  # extend here: "decoupled", "specactor"
+AcceptanceRule = Literal["position_keyed", "rejection"]
+
+DEFAULT_CONFIG_RESOURCE = "default_config.yaml"
+DEFAULT_CONFIG_LABEL = "<default config>"
+_OVERRIDE_KEY = re.compile(r"[A-Za-z_][\w-]*(\.[\w-]+)*")
+
+
+class ConfigError(ValueError):
+    """A config file or override that cannot be loaded; the message is meant for the user."""
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+
+class ModelConfig(_Frozen):
+    """The target (policy) model."""
+
+    target: str = Field(min_length=1, description="A registered model name or a local HF model directory.")
+    dtype: Dtype = Field("float32", description="Weights and compute dtype.")
+    device: str = Field("cpu", description="torch device, e.g. 'cpu' or 'cuda:0'.")
+    max_model_len: int = Field(2048, ge=16, description="Context limit in tokens (prompt + output).")
+    chat_template: bool = Field(
+        True, description="Apply the tokenizer's chat template to 'prompt' and 'messages' inputs."
+    )
+    cache_dir: str | None = Field(None, description="Model cache directory (None: the user cache dir).")
+
+
+class _DrafterBase(_Frozen):
+    name: str | None = Field(
+        None, min_length=1, description="Unique drafter name in stats (default: kind, or 'model:<basename>')."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fill_name(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and data.get("name") is None:
+            return {**data, "name": cls.default_name(data)}
+        return data
+
+    @classmethod
+    def default_name(cls, data: Mapping[str, Any]) -> str:
+        """Name used when the config does not set one."""
+        return str(data.get("kind", cls.model_fields["kind"].default))
+
+
+class ModelDrafterConfig(_DrafterBase):
+    """A small draft LM with its own KV cache; it must share the target's tokenizer."""
+
+    kind: Literal["model"] = "model"
+    model: str = Field(min_length=1, description="A registered model name or a local HF model directory.")
+    dtype: Dtype | None = Field(None, description="Drafter dtype (None: model.dtype).")
+
+    @classmethod
+    def default_name(cls, data: Mapping[str, Any]) -> str:
+        model = data.get("model")
+        return f"model:{Path(model).name}" if isinstance(model, str) and model else "model"
+
+
+class NgramDrafterConfig(_DrafterBase):
+    """Prompt-lookup drafter: continues the longest recent n-gram match in prompt + output."""
+
+    kind: Literal["ngram"] = "ngram"
+    min_n: int = Field(1, ge=1, description="Shortest n-gram to match.")
+    max_n: int = Field(4, ge=1, description="Longest n-gram to match (>= min_n).")
+
+    @model_validator(mode="after")
+    def _check_range(self) -> NgramDrafterConfig:
+        if self.max_n < self.min_n:
+            raise ValueError(f"max_n must be >= min_n (got max_n={self.max_n}, min_n={self.min_n})")
+        return self
+
+
+# New draft methods: add a config class with its own `kind` literal to this union.
+DrafterConfig = Annotated[Union[ModelDrafterConfig, NgramDrafterConfig], Field(discriminator="kind")]
+
+
+class RolloutConfig(_Frozen):
+    """How the engine decodes: mode, speculation length, acceptance rule and drafters."""
+
+    mode: RolloutMode = Field("coupled", description="'ar': no speculation; 'coupled': draft then verify.")
+    num_draft_tokens: int = Field(4, ge=1, le=16, description="Draft tokens per row per verify round (k).")
+    acceptance: AcceptanceRule = Field(
+        "position_keyed",
+        description="'position_keyed': seeded Gumbel coupling; 'rejection': classic min(1, p/q) rule.",
+    )
+    max_batch_size: int = Field(256, ge=1, description="Rows decoded at once.")
+    drafters: list[DrafterConfig] = Field(
+        default_factory=lambda: [NgramDrafterConfig()], description="Draft methods used by speculative modes."
+    )
+
+    @field_validator("drafters")
+    @classmethod
+    def _unique_names(cls, drafters: list[DrafterConfig]) -> list[DrafterConfig]:
+        names = [d.name for d in drafters]
+        duplicates = sorted({n for n in names if names.count(n) > 1 and n is not None})
+        if duplicates:
+            raise ValueError(f"drafter names must be unique (repeated: {', '.join(duplicates)}); set 'name'")
+        return drafters
+
+    @model_validator(mode="after")
+    def _coupled_needs_drafter(self) -> RolloutConfig:
+        if self.mode != "ar" and not self.drafters:
+            raise ValueError(f"mode '{self.mode}' needs at least one drafter in rollout.drafters")
+        return self
+
+
+class SamplingConfig(_Frozen):
+    """Per-call sampling parameters (also passed directly to `Engine.generate`)."""
+
+    temperature: float = Field(1.0, ge=0, description="Softmax temperature; 0 = greedy.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass (1 = off).")
+    top_k: int = Field(0, ge=0, description="Keep the k most likely tokens (0 = off).")
+    max_new_tokens: int = Field(256, ge=1, description="Output tokens per sample at most.")
+    n: int = Field(1, ge=1, description="Samples per prompt (a GRPO group).")
+    seed: int = Field(0, ge=0, description="Keys the position-keyed sampling noise.")
+    stop: list[str] = Field(default_factory=list, description="Stop strings (excluded from the text).")
+    stop_token_ids: list[Annotated[int, Field(ge=0)]] = Field(
+        default_factory=list, description="Token ids that end a sample, in addition to EOS."
+    )
+    ignore_eos: bool = Field(False, description="Keep generating past EOS.")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+class SpecActorConfig(_Frozen):
+    """The whole configuration: target model, rollout engine, sampling, threads."""
+
+    model: ModelConfig
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    threads: int | None = Field(None, ge=1, description="torch intra-op threads (None: torch default).")
+
+
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> SpecActorConfig:
+    """Load YAML `path` (None: the embedded default), apply `key=value` overrides, validate."""
+    source = DEFAULT_CONFIG_LABEL if path is None else str(path)
+    raw = _read_yaml(path, source)
+    applied: dict[str, str] = {}
+    for text in overrides:
+        key, value = parse_override(text, source)
+        _set_dotted(raw, key.split("."), value, source, text)
+        applied[key] = text
+    try:
+        return SpecActorConfig.model_validate(raw)
+    except ValidationError as exc:
+        lines = [_format_config_issue(source, err, applied) for err in exc.errors()]
+        raise ConfigError("\n".join(lines)) from None
+
+
+def config_to_yaml(cfg: SpecActorConfig) -> str:
+    """The resolved config as YAML (loads back to an equal config)."""
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False, default_flow_style=False)
+
+
+def default_config_text() -> str:
+    """The embedded default config YAML (package data)."""
+    return resources.files("specactor_engine").joinpath(DEFAULT_CONFIG_RESOURCE).read_text(encoding="utf-8")
+
+
+def parse_override(text: str, source: str = "--set") -> tuple[str, Any]:
+    """Split `a.b.0.c=value` into the dotted key and the YAML-parsed value."""
+    key, sep, value = text.partition("=")
+    key = key.strip()
+    if not sep or not _OVERRIDE_KEY.fullmatch(key):
+        raise ConfigError(
+            f"{source}: bad override '{text}': expected KEY=VALUE with a dotted KEY, "
+            "e.g. rollout.num_draft_tokens=4"
+        )
+    try:
+        return key, yaml.safe_load(value)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: bad override '{text}': value is not valid YAML ({exc})") from None
+
+
+def _read_yaml(path: str | Path | None, source: str) -> dict[str, Any]:
+    try:
+        text = default_config_text() if path is None else Path(path).read_text(encoding="utf-8")
+        data = yaml.safe_load(text)
+    except (FileNotFoundError, IsADirectoryError):
+        raise ConfigError(f"{source}: config file not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{source}: cannot read config file ({exc})") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: invalid YAML: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a mapping at the top level, got {type(data).__name__}")
+    return data
+
+
+def _set_dotted(node: Any, keys: list[str], value: Any, source: str, text: str) -> None:
+    """Set `value` at `keys` inside nested dicts/lists, creating missing containers."""
+    head, rest = keys[0], keys[1:]
+    if isinstance(node, list):
+        if not head.isdigit() or int(head) > len(node):
+            raise ConfigError(f"{source}: bad override '{text}': '{head}' is not an index 0..{len(node)} of a list")
+        if int(head) == len(node):
+            node.append({} if rest else None)
+        slot: Any = int(head)
+    elif isinstance(node, dict):
+        if rest and head not in node:
+            node[head] = [] if rest[0].isdigit() else {}
+        slot = head
+    else:
+        raise ConfigError(f"{source}: bad override '{text}': cannot set '{head}' inside a {type(node).__name__}")
+    if rest:
+        if node[slot] is None:
+            node[slot] = [] if rest[0].isdigit() else {}
+        _set_dotted(node[slot], rest, value, source, text)
+    else:
+        node[slot] = value
+
+
+def _format_config_issue(source: str, err: ErrorDetails, applied: Mapping[str, str]) -> str:
+    parts, owner = _clean_loc(err["loc"], SpecActorConfig)
+    key = ".".join(str(p) for p in parts)
+    if err["type"] == "extra_forbidden":
+        message = f"{source}: unknown key '{key}'{_suggest(parts, owner)}"
+    else:
+        message = f"{source}: {key or '<top level>'}: {describe_error(err)}"
+    origin = next((t for k, t in applied.items() if _is_prefix(k, key) or _is_prefix(key, k)), None)
+    return f"{message} [from --set {origin}]" if origin else message
+
+
+def _is_prefix(prefix: str, key: str) -> bool:
+    return bool(prefix) and (key == prefix or key.startswith(prefix + "."))
+
+
+def _suggest(parts: list[str | int], owner: type[BaseModel] | None) -> str:
+    if owner is None or not parts:
+        return ""
+    matches = difflib.get_close_matches(str(parts[-1]), list(owner.model_fields), n=3, cutoff=0.6)
+    prefix = "".join(f"{p}." for p in parts[:-1])
+    if matches:
+        return " (did you mean " + " or ".join(f"'{prefix}{m}'" for m in matches) + "?)"
+    return f" (known keys: {', '.join(owner.model_fields)})"
+
+
+def _clean_loc(loc: tuple[str | int, ...], root: type[BaseModel]) -> tuple[list[str | int], type[BaseModel] | None]:
+    """Drop discriminator tags from a pydantic error location; also return the model owning its last key."""
+    parts: list[str | int] = []
+    annotation: Any = root
+    owner: type[BaseModel] | None = None
+    for item in loc:
+        tags = _union_tags(annotation)
+        if item in tags:
+            annotation = tags[item]
+            continue
+        parts.append(item)
+        owner = annotation if _is_model(annotation) else None
+        if owner is not None and item in owner.model_fields:
+            annotation = owner.model_fields[item].annotation
+        elif isinstance(item, int) and typing.get_origin(annotation) is list:
+            annotation = typing.get_args(annotation)[0]
+        else:
+            annotation = None
+    return parts, owner
+
+
+def _is_model(annotation: Any) -> bool:
+    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
+
+
+def _union_tags(annotation: Any) -> dict[Any, type[BaseModel]]:
+    """Map each `kind` literal of a discriminated union to its member model."""
+    if typing.get_origin(annotation) is Annotated:
+        annotation = typing.get_args(annotation)[0]
+    if typing.get_origin(annotation) not in (Union, types.UnionType):
+        return {}
+    tags: dict[Any, type[BaseModel]] = {}
+    for member in typing.get_args(annotation):
+        if _is_model(member) and "kind" in member.model_fields:
+            for tag in typing.get_args(member.model_fields["kind"].annotation):
+                tags[tag] = member
+    return tags
+
+
+_EXPECTATIONS = {
+    "missing": "required key is missing",
+    "int_type": "must be an integer",
+    "int_parsing": "must be an integer",
+    "int_from_float": "must be an integer",
+    "float_type": "must be a number",
+    "float_parsing": "must be a number",
+    "bool_type": "must be true or false",
+    "bool_parsing": "must be true or false",
+    "string_type": "must be a string",
+    "list_type": "must be a list",
+    "dict_type": "must be a mapping",
+    "model_type": "must be a mapping",
+    "model_attributes_type": "must be a mapping",
+}
+
+
+def describe_error(err: ErrorDetails) -> str:
+    """What one pydantic error expected, in words, with the offending value."""
+    kind, ctx = err["type"], err.get("ctx", {})
+    if kind in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):
+        op = {"greater_than_equal": ">=", "greater_than": ">", "less_than_equal": "<=", "less_than": "<"}[kind]
+        limit = next(iter(ctx.values()))
+        text = f"must be {op} {limit}"
+    elif kind == "literal_error":
+        text = f"must be one of {ctx['expected']}"
+    elif kind in ("too_short", "string_too_short"):
+        text = "must not be empty"
+    elif kind == "union_tag_invalid":
+        return f"{ctx['discriminator']} must be one of {ctx['expected_tags']} (got '{ctx['tag']}')"
+    elif kind == "union_tag_not_found":
+        return f"missing {ctx['discriminator']}"
+    elif kind == "value_error":
+        return str(ctx.get("error", err["msg"]))
+    else:
+        text = _EXPECTATIONS.get(kind, err["msg"])
+    return text if kind == "missing" else f"{text} (got {_short_repr(err['input'])})"
+
+
+def _short_repr(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

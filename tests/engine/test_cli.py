@@ -1,0 +1,245 @@
+"""`specactor` CLI as a unit: user errors exit 2 with one clean message; rollout runs a fake engine."""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from specactor_engine import models
+from specactor_engine.cli import app
+from specactor_engine.config import SamplingConfig, SpecActorConfig
+from specactor_engine.types import EngineStats, Request, RolloutResult, SequenceOutput
+
+OUTPUT_KEYS = {"id", "sample", "token_ids", "text", "logprobs", "finish_reason", "policy_version"}
+PROMPT_LINES = ['{"id": "q1", "prompt": "2+2?"}', '{"id": 7, "prompt_token_ids": [1, 2, 3]}']
+
+runner = CliRunner()
+
+
+class FakeEngine:
+    """Stands in for `specactor_engine.engine.Engine`: echoes each request `n` times."""
+
+    built: list[FakeEngine] = []
+
+    def __init__(self, cfg: SpecActorConfig) -> None:
+        self.cfg = cfg
+        self.calls: list[tuple[list[Request], SamplingConfig]] = []
+
+    @classmethod
+    def from_config(cls, cfg: SpecActorConfig) -> FakeEngine:
+        engine = cls(cfg)
+        cls.built.append(engine)
+        return engine
+
+    def generate(self, requests: list[Request], sampling: SamplingConfig) -> RolloutResult:
+        self.calls.append((requests, sampling))
+        outputs = [
+            SequenceOutput(r.request_id, j, [1], [4, 5, 6], "four", [-0.1, -0.2, -0.3], "stop" if j else "length", 0)
+            for r in requests
+            for j in range(sampling.n)
+        ]
+        stats = EngineStats(
+            mode=self.cfg.rollout.mode, num_sequences=len(outputs), output_tokens=3 * len(outputs),
+            verify_rounds=2, row_rounds=4, drafted_tokens=8, accepted_tokens=6, total_s=0.5,
+        )
+        return RolloutResult(outputs, stats)
+
+
+class ExplodingEngine:
+    @classmethod
+    def from_config(cls, cfg: SpecActorConfig) -> Any:
+        raise AssertionError("the engine must not be built when the input is bad")
+
+
+def install_engine(monkeypatch: pytest.MonkeyPatch, engine: type) -> None:
+    """Replace the engine module, so the CLI test needs no model (and no engine code)."""
+    module = types.ModuleType("specactor_engine.engine")
+    module.Engine = engine  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "specactor_engine.engine", module)
+
+
+@pytest.fixture
+def fake_engine(monkeypatch: pytest.MonkeyPatch) -> type[FakeEngine]:
+    FakeEngine.built = []
+    install_engine(monkeypatch, FakeEngine)
+    return FakeEngine
+
+
+@pytest.fixture
+def prompts_file(tmp_path: Path) -> Path:
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("\n".join(PROMPT_LINES) + "\n")
+    return path
+
+
+def run(*args: str | Path) -> Any:
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def assert_user_error(result: Any, *expected: str) -> None:
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    for text in expected:
+        assert text in result.output
+
+
+def test_help_lists_the_commands() -> None:
+    result = run("--help")
+    assert result.exit_code == 0
+    for command in ("rollout", "models", "prompts", "--log-level"):
+        assert command in result.output
+    assert "list" in run("models", "--help").output and "pull" in run("models", "--help").output
+
+
+def test_rollout_writes_outputs_and_stats(fake_engine: type[FakeEngine], prompts_file: Path, tmp_path: Path) -> None:
+    out, stats = tmp_path / "out" / "rollout.jsonl", tmp_path / "stats.json"
+    result = run(
+        "rollout", "--prompts", prompts_file, "--out", out, "--stats", stats,
+        "--set", "sampling.n=2", "--set", "rollout.num_draft_tokens=3",
+    )
+    assert result.exit_code == 0, result.output
+    (engine,) = fake_engine.built
+    assert engine.cfg.rollout.num_draft_tokens == 3
+    ((requests, sampling),) = engine.calls
+    assert [r.request_id for r in requests] == ["q1", "7"] and sampling == engine.cfg.sampling
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [set(r) for r in records] == [OUTPUT_KEYS] * 4
+    assert [(r["id"], r["sample"]) for r in records] == [("q1", 0), ("q1", 1), ("7", 0), ("7", 1)]
+    figures = json.loads(stats.read_text())
+    assert figures["accepted_tokens"] == 6 and figures["mean_acceptance_length"] == 2.5
+    assert figures["acceptance_rate"] == 0.75 and figures["tokens_per_s"] == 24.0
+    for text in ("sequences", "tokens/s", "mean acceptance length", "2.50", "75.0%", "length: 2, stop: 2"):
+        assert text in result.output
+
+
+def test_rollout_with_a_config_file(fake_engine: type[FakeEngine], prompts_file: Path, tmp_path: Path) -> None:
+    config = Path(__file__).resolve().parents[2] / "configs" / "ar.yaml"
+    result = run("rollout", "--config", config, "--prompts", prompts_file, "--out", tmp_path / "o.jsonl")
+    assert result.exit_code == 0, result.output
+    assert fake_engine.built[0].cfg.rollout.mode == "ar"
+
+
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ("rollout.num_draft_tokenz=3", "unknown key 'rollout.num_draft_tokenz' (did you mean 'rollout.num_draft_tokens'?)"),
+        ("rollout.num_draft_tokens=0", "rollout.num_draft_tokens: must be >= 1 (got 0)"),
+        ("model.dtype=int8", "model.dtype: must be one of"),
+        ("sampling.n", "bad override 'sampling.n'"),
+    ],
+)
+def test_rollout_bad_config_exits_2_before_the_engine(
+    monkeypatch: pytest.MonkeyPatch, prompts_file: Path, tmp_path: Path, override: str, expected: str
+) -> None:
+    install_engine(monkeypatch, ExplodingEngine)
+    result = run("rollout", "--set", override, "--prompts", prompts_file, "--out", tmp_path / "o.jsonl")
+    assert_user_error(result, expected)
+    assert not (tmp_path / "o.jsonl").exists()
+
+
+def test_rollout_bad_config_file(monkeypatch: pytest.MonkeyPatch, prompts_file: Path, tmp_path: Path) -> None:
+    install_engine(monkeypatch, ExplodingEngine)
+    config = tmp_path / "config.yaml"
+    config.write_text("model: {target: t}\nsampling: {top_p: 2}\n")
+    result = run("rollout", "--config", config, "--prompts", prompts_file, "--out", tmp_path / "o.jsonl")
+    assert_user_error(result, f"{config}: sampling.top_p: must be <= 1")
+    assert_user_error(run("rollout", "--config", tmp_path / "none.yaml"), "none.yaml: config file not found")
+
+
+def test_rollout_malformed_jsonl_reports_file_and_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    install_engine(monkeypatch, ExplodingEngine)
+    prompts = tmp_path / "bad.jsonl"
+    prompts.write_text(PROMPT_LINES[0] + "\n\n{\"id\": 2, \"prompt\": \n")
+    result = run("rollout", "--prompts", prompts, "--out", tmp_path / "o.jsonl")
+    assert_user_error(result, f"{prompts}:3: invalid JSON")
+
+
+def test_rollout_missing_inputs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    install_engine(monkeypatch, ExplodingEngine)
+    missing = tmp_path / "missing.jsonl"
+    assert_user_error(run("rollout", "--prompts", missing, "--out", tmp_path / "o.jsonl"), f"file not found: {missing}")
+    assert_user_error(run("rollout", "--out", tmp_path / "o.jsonl"), "--prompts and --out are required")
+    assert_user_error(run("rollout", "--prompts", missing, "--out", tmp_path), "output path is a directory")
+
+
+def test_rollout_unknown_model_exits_2(monkeypatch: pytest.MonkeyPatch, prompts_file: Path, tmp_path: Path) -> None:
+    class UnknownTargetEngine:
+        @classmethod
+        def from_config(cls, cfg: SpecActorConfig) -> Any:
+            raise models.UnknownModelError(f"unknown model '{cfg.model.target}': known models are a, b")
+
+    install_engine(monkeypatch, UnknownTargetEngine)
+    result = run("rollout", "--set", "model.target=nope", "--prompts", prompts_file, "--out", tmp_path / "o.jsonl")
+    assert_user_error(result, "unknown model 'nope': known models are a, b")
+
+
+def test_show_config_prints_the_resolved_yaml(monkeypatch: pytest.MonkeyPatch) -> None:
+    install_engine(monkeypatch, ExplodingEngine)
+    result = run("rollout", "--show-config", "--set", "sampling.temperature=0")
+    assert result.exit_code == 0, result.output
+    assert "target: smollm2-135m-instruct" in result.output and "temperature: 0.0" in result.output
+
+
+def test_models_list_table(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    seen: list[Path | None] = []
+
+    def list_models(cache_dir: Path | None = None) -> list[dict[str, Any]]:
+        seen.append(cache_dir)
+        return [
+            {"name": "tiny-a", "license": "MIT", "provenance": "unit test", "pulled": {"float32": "/x"}},
+            {"name": "tiny-b", "license": "Apache-2.0", "provenance": "unit test", "pulled": {}},
+        ]
+
+    monkeypatch.setattr(models, "list_models", list_models)
+    result = run("models", "list", "--cache-dir", tmp_path)
+    assert result.exit_code == 0, result.output
+    assert seen == [tmp_path]
+    for text in ("tiny-a", "tiny-b", "MIT", "Apache-2.0", "float32"):
+        assert text in result.output
+
+
+def test_models_pull_passes_options(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    calls: list[tuple[str, dict[str, Any]]] = []
+
+    def pull_model(name: str, **kwargs: Any) -> Path:
+        calls.append((name, kwargs))
+        return tmp_path / name
+
+    monkeypatch.setattr(models, "pull_model", pull_model)
+    result = run("models", "pull", "tiny-a", "--dtype", "float32", "--cache-dir", tmp_path, "--keep-gguf")
+    assert result.exit_code == 0, result.output
+    assert calls == [("tiny-a", {"dtype": "float32", "cache_dir": tmp_path, "keep_gguf": True})]
+    assert "tiny-a" in result.output
+
+
+def test_models_pull_unknown_name_lists_known_names() -> None:
+    result = run("models", "pull", "no-such-model")
+    assert_user_error(result, "no-such-model", "smollm2-135m-instruct")
+
+
+def test_models_pull_rejects_bad_dtype() -> None:
+    assert run("models", "pull", "smollm2-135m-instruct", "--dtype", "int8").exit_code == 2
+
+
+def test_prompts_command_calls_the_task_writer(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    calls: list[tuple[Any, ...]] = []
+    module = types.ModuleType("tasks.prompts")
+    module.write_reasoning_gym_prompts = lambda *args: calls.append(args)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "tasks.prompts", module)
+    out = tmp_path / "p.jsonl"
+    result = run("prompts", "--task", "chain_sum", "--count", "3", "--seed", "5", "--out", out)
+    assert result.exit_code == 0, result.output
+    assert calls == [("chain_sum", 3, 5, out)]
+
+
+def test_log_level_option(fake_engine: type[FakeEngine], prompts_file: Path, tmp_path: Path) -> None:
+    result = run("--log-level", "debug", "rollout", "--prompts", prompts_file, "--out", tmp_path / "o.jsonl")
+    assert result.exit_code == 0, result.output
+    assert run("--log-level", "loud", "rollout").exit_code == 2
