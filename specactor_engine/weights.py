@@ -13,17 +13,16 @@ def load_named_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tens
     """Copy (name, tensor) pairs into `model`'s parameters/buffers in place; returns how many.
 
     Names are Hugging Face state-dict names; tied weights may arrive under either name.
-    Unknown names and shape mismatches raise before anything partial is reported as done.
+    Unknown names and shape mismatches raise before any parameter is modified.
     """
     targets = dict(model.named_parameters(remove_duplicate=False))
     targets.update(dict(model.named_buffers()))
-    count = 0
-    for name, tensor in weights:
+    pairs = list(weights)
+    for name, tensor in pairs:  # validate everything before touching any parameter
         if name not in targets:
             raise KeyError(f"weight {name!r} does not exist in {type(model).__name__}")
-        target = targets[name]
-        if target.shape != tensor.shape:
-            raise ValueError(f"weight {name!r}: shape {tuple(tensor.shape)} != {tuple(target.shape)}")
-        target.copy_(tensor.to(device=target.device, dtype=target.dtype))
-        count += 1
-    return count
+        if targets[name].shape != tensor.shape:
+            raise ValueError(f"weight {name!r}: shape {tuple(tensor.shape)} != {tuple(targets[name].shape)}")
+    for name, tensor in pairs:
+        targets[name].copy_(tensor.to(device=targets[name].device, dtype=targets[name].dtype))
+    return len(pairs)

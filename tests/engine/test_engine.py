@@ -1,0 +1,144 @@
+"""Engine behaviour: stop rules, logprobs, bad requests, weight updates, KV rollback."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from specactor_engine.drafters import DrafterContext
+from specactor_engine.drafters.model import ModelDrafter, check_same_tokenizer
+from specactor_engine.engine import Engine
+from specactor_engine.model_runner import ModelRunner
+from specactor_engine.types import Request
+from tests.engine.test_exactness import make_drafter, ragged_requests, run, sampling, token_ids
+from tests.fixtures.tiny_models import EOS_ID, make_tiny_model, make_tokenizer
+
+
+@pytest.fixture(scope="module")
+def target():
+    return make_tiny_model("llama", seed=5)
+
+
+def test_logprobs_equal_a_fresh_full_forward(target):
+    """Engine logprobs == log_softmax(full-sequence forward / T) within 1e-4 (fp32)."""
+    temperature = 0.7
+    result = run(target, ragged_requests(6), sampling(temperature, n=2, max_new_tokens=20), "coupled",
+                 [make_drafter("model", target, torch.float32)], k=3)
+    for out in result.outputs:
+        ids = torch.tensor([out.prompt_token_ids + out.token_ids])
+        with torch.no_grad():
+            logits = target(ids).logits[0, len(out.prompt_token_ids) - 1 : -1]
+        expected = torch.log_softmax(logits / temperature, dim=-1).gather(-1, torch.tensor(out.token_ids)[:, None])
+        assert torch.allclose(torch.tensor(out.logprobs), expected[:, 0], atol=1e-4)
+
+
+def test_max_new_tokens_and_eos(target):
+    result = run(target, ragged_requests(8), sampling(1.0, max_new_tokens=7, stop_token_ids=[]))
+    for out in result.outputs:
+        if out.finish_reason == "length":
+            assert len(out.token_ids) == 7
+        else:
+            assert out.finish_reason == "stop" and out.token_ids[-1] == EOS_ID and len(out.token_ids) <= 7
+
+
+def test_stop_token_ids_end_sequences_in_every_mode(target):
+    plain = token_ids(run(target, ragged_requests(8), sampling(0.0, max_new_tokens=30)))
+    stop_id = next(iter(plain.values()))[3]  # a token the first sequence emits
+    params = sampling(0.0, max_new_tokens=30, stop_token_ids=[stop_id])
+    for mode, drafters in (("ar", []), ("coupled", [make_drafter("self", target, torch.float32)])):
+        result = run(target, ragged_requests(8), params, mode, drafters, k=4)
+        for out in result.outputs:
+            full = plain[(out.request_id, 0)]
+            cut = full.index(stop_id) + 1 if stop_id in full else len(full)
+            assert out.token_ids == full[:cut]
+            if stop_id in full:
+                assert out.finish_reason == "stop"
+
+
+def test_stop_strings_cut_text_and_tokens(target):
+    tokenizer = make_tokenizer()
+    plain = run(target, ragged_requests(4), sampling(0.0, max_new_tokens=30))
+    text = plain.outputs[0].text
+    stop = text[5:7]
+    result = run(target, ragged_requests(4), sampling(0.0, max_new_tokens=30, stop=[stop]), "coupled",
+                 [make_drafter("self", target, torch.float32)], k=5)
+    first = result.outputs[0]
+    assert first.finish_reason == "stop"
+    assert first.text == text[: text.find(stop)]
+    assert stop in tokenizer.decode(first.token_ids) and stop not in tokenizer.decode(first.token_ids[:-1])
+
+
+def test_context_limit_and_too_long_prompt_do_not_lose_other_outputs(target):
+    engine = Engine(target, make_tokenizer(), mode="coupled", num_draft_tokens=3, max_model_len=40,
+                    drafters=[make_drafter("ngram", target, torch.float32)], check_invariants=True)
+    requests = [Request("ok", prompt_token_ids=[1, 2, 3] * 10), Request("long", prompt_token_ids=[5] * 40),
+                Request("empty", prompt_token_ids=[])]
+    outputs = {o.request_id: o for o in engine.generate(requests, sampling(1.0, max_new_tokens=100, ignore_eos=True)).outputs}
+    assert outputs["ok"].finish_reason == "context"
+    assert len(outputs["ok"].prompt_token_ids) + len(outputs["ok"].token_ids) == 40
+    assert outputs["long"].finish_reason == "error" and "context limit" in outputs["long"].error
+    assert outputs["empty"].finish_reason == "error" and "empty" in outputs["empty"].error
+
+
+def test_update_weights_changes_outputs_and_version(target):
+    other = make_tiny_model("llama", seed=6)
+    requests = ragged_requests(4)
+    engine = Engine(make_tiny_model("llama", seed=5), make_tokenizer(), max_batch_size=8, max_model_len=64)
+    before = token_ids(engine.generate(requests, sampling(0.0)))
+    engine.update_weights(other.state_dict().items(), version=3)
+    after = engine.generate(requests, sampling(0.0))
+    assert token_ids(after) == token_ids(run(other, requests, sampling(0.0)))
+    assert token_ids(after) != before
+    assert {o.policy_version for o in after.outputs} == {3}
+    for name, tensor in other.state_dict().items():
+        assert torch.equal(engine.runner.model.state_dict()[name], tensor)
+    with pytest.raises(KeyError, match="does not exist"):
+        engine.update_weights([("nope.weight", torch.zeros(1))], version=4)
+
+
+def test_update_drafter_weights_by_name(target):
+    context = DrafterContext("cpu", "float32", make_tokenizer(), target.config.vocab_size)
+    drafter = ModelDrafter(SimpleNamespace(name="model"), context, model=make_tiny_model("llama", seed=7),
+                           tokenizer=make_tokenizer())
+    engine = Engine(target, make_tokenizer(), mode="coupled", drafters=[drafter], max_model_len=64)
+    engine.update_weights(target.state_dict().items(), version=2, component="model")
+    assert drafter.version == 2
+    for name, tensor in target.state_dict().items():
+        assert torch.equal(drafter.runner.model.state_dict()[name], tensor)
+    with pytest.raises(KeyError, match="no drafter named"):
+        engine.update_weights([], version=1, component="missing")
+
+
+def test_model_drafter_with_other_tokenizer_is_refused(target):
+    from transformers import PreTrainedTokenizerFast
+
+    other = make_tokenizer()
+    other.add_tokens(["<extra>"])
+    assert isinstance(other, PreTrainedTokenizerFast)
+    with pytest.raises(ValueError, match="tokenizer differs"):
+        check_same_tokenizer(make_tokenizer(), other, "draft")
+    context = DrafterContext("cpu", "float32", make_tokenizer(), target.config.vocab_size)
+    with pytest.raises(ValueError, match="tokenizer differs"):
+        ModelDrafter(SimpleNamespace(name="d"), context, model=target, tokenizer=other)
+
+
+def test_kv_rollback_is_a_length_change_without_copy(target):
+    runner = ModelRunner(target, num_slots=2, max_len=32)
+    keys_before = runner.cache.keys[0].data_ptr()
+    slots = torch.tensor([0, 1])
+    prompt = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 0]])
+    runner.forward(prompt, slots, torch.tensor([4, 3]), logits_at="last")
+    runner.commit(slots, torch.tensor([4, 3]))
+    block = torch.tensor([[9, 9, 9], [8, 8, 8]])
+    full = runner.forward(block, slots)  # [2, 3, V], not committed
+    runner.commit(slots, torch.tensor([1, 3]))  # row 0 keeps 1 of 3, row 1 all
+    assert runner.lengths.tolist() == [5, 6]
+    assert runner.cache.keys[0].data_ptr() == keys_before
+    # rolling row 0 back and re-running the same token gives the same logits
+    again = runner.forward(block[:, :1], slots)
+    runner.set_lengths(slots, torch.tensor([4, 3]))
+    redo = runner.forward(block, slots)
+    assert torch.allclose(redo, full, atol=1e-6)
+    assert again.shape == (2, 1, target.config.vocab_size)
