@@ -95,9 +95,9 @@ def models_pull(
     keep_gguf: Annotated[bool, typer.Option("--keep-gguf", help="Keep the downloaded GGUF file.")] = False,
 ) -> None:
     """Download, verify and convert a registered model to Hugging Face safetensors (idempotent)."""
-    from specactor_engine.models import UnknownModelError, pull_model
+    from specactor_engine.models import ChecksumError, PullError, UnknownModelError, pull_model
 
-    with user_errors(UnknownModelError):
+    with user_errors(UnknownModelError, ChecksumError, PullError):
         path = pull_model(name, dtype=dtype, cache_dir=cache_dir, keep_gguf=keep_gguf)
     console.print(f"{name} ({dtype}) is ready at {path}", highlight=False, soft_wrap=True)
 
@@ -112,7 +112,8 @@ def prompts(
     """Write reasoning-gym prompts as a JSONL prompt file for `specactor rollout`."""
     from tasks.prompts import write_reasoning_gym_prompts
 
-    write_reasoning_gym_prompts(task, count, seed, out)
+    with user_errors(ValueError):
+        write_reasoning_gym_prompts(task, count, seed, out)
     console.print(f"wrote {count} '{task}' prompts to {out}", highlight=False, soft_wrap=True)
 
 
@@ -124,6 +125,7 @@ def rollout(
     out: Annotated[Path | None, typer.Option("--out", help="Output JSONL file, one line per sample.")] = None,
     stats: Annotated[Path | None, typer.Option("--stats", help="Write the rollout stats as JSON here.")] = None,
     show_config: Annotated[bool, typer.Option("--show-config", help="Print the resolved config YAML.")] = False,
+    show: Annotated[int, typer.Option("--show", min=0, help="Print the first N generated texts.")] = 0,
 ) -> None:
     """Generate `sampling.n` samples per prompt with the configured engine and write them as JSONL."""
     with user_errors():
@@ -143,17 +145,32 @@ def rollout(
     write_outputs(out, result.outputs)
     if stats is not None:
         write_stats(stats, result.stats.to_dict())
+    _print_samples(result, show)
     _print_summary(result, out)
+
+
+def _print_samples(result: RolloutResult, count: int) -> None:
+    """Show the first `count` outputs as panels (id, sample, finish reason, text)."""
+    from rich.panel import Panel
+
+    for output in result.outputs[:count]:
+        title = f"{output.request_id} #{output.sample_index} ({output.finish_reason}, {len(output.token_ids)} tokens)"
+        console.print(Panel(output.text or output.error or "", title=title, title_align="left"))
 
 
 def _generate(cfg: SpecActorConfig, requests: list[Request]) -> RolloutResult:
     """Build the engine from `cfg` and run one rollout."""
     from specactor_engine.engine import Engine
-    from specactor_engine.models import UnknownModelError
+    from specactor_engine.models import ModelNotPulledError, UnknownModelError
 
-    with user_errors(UnknownModelError):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with user_errors(UnknownModelError, ModelNotPulledError, ValueError):
         engine = Engine.from_config(cfg)
-    return engine.generate(requests, cfg.sampling)
+    columns = (TextColumn("rollout"), BarColumn(), MofNCompleteColumn(), TextColumn("sequences"), TimeElapsedColumn())
+    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("rollout", total=len(requests) * cfg.sampling.n)
+        return engine.generate(requests, cfg.sampling, progress=lambda done, total: bar.update(task, completed=done))
 
 
 def _print_summary(result: RolloutResult, out: Path) -> None:

@@ -15,7 +15,7 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
@@ -114,15 +114,19 @@ class Engine:
         by_name[component].update_weights(weights, version)
 
     # ------------------------------------------------------------------ generate
-    def generate(self, requests: Sequence[Request], sampling: Any) -> RolloutResult:
-        """Roll out `sampling.n` samples of every request; outputs in (request, sample) order."""
+    def generate(self, requests: Sequence[Request], sampling: Any,
+                 progress: Callable[[int, int], None] | None = None) -> RolloutResult:
+        """Roll out `sampling.n` samples of every request; outputs in (request, sample) order.
+
+        progress(finished_sequences, total_sequences) is called after every round.
+        """
         started = time.perf_counter()
         stats = EngineStats(mode=self.mode, drafted_per_position=[0] * self.num_draft_tokens,
                             accepted_per_position=[0] * self.num_draft_tokens)
         sequences = self._prepare(requests, sampling)
         runnable = [s for s in sequences if s.error is None]
         run = _Run(self, sampling, stats, self._reserve(runnable, sampling))
-        run.decode(runnable)
+        run.decode(runnable, progress)
         stats.total_s = time.perf_counter() - started
         stats.num_sequences = len(sequences)
         stats.output_tokens = sum(len(s.output_ids) for s in sequences)
@@ -175,13 +179,15 @@ class _Run:
         self.free = list(range(num_slots - 1, -1, -1))
         self.rejection = engine.acceptance_rule == "rejection" and not self.params.greedy
 
-    def decode(self, sequences: list[_Sequence]) -> None:
+    def decode(self, sequences: list[_Sequence], progress: Callable[[int, int], None] | None = None) -> None:
         pending = deque(sequences)
         while pending or self.slot_seq:
             if pending and self.free:
                 self._admit([pending.popleft() for _ in range(min(len(pending), len(self.free)))])
             if self.slot_seq:
                 self._round()
+            if progress is not None:
+                progress(len(sequences) - len(pending) - len(self.slot_seq), len(sequences))
 
     # ------------------------------------------------------------------ admission / prefill
     def _admit(self, batch: list[_Sequence]) -> None:

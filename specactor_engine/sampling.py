@@ -99,17 +99,16 @@ def noise_bits(seq_keys: torch.Tensor, positions: torch.Tensor, vocab_size: int,
 
 def uniform_noise(seq_keys: torch.Tensor, positions: torch.Tensor, vocab_size: int, stream: int = STREAM_TARGET
                   ) -> torch.Tensor:
-    """Uniforms on the 2**-24 grid strictly inside (0, 1), float32.
+    """Uniforms on the 2**-23 grid strictly inside (0, 1), float32.
 
     seq_keys: [R] int64 sequence keys; positions: [R, T] output positions -> [R, T, V].
-    The top 24 bits of the hash are used so every value is exact in float32.
+    Only the top 23 bits are used: (m + 0.5) * 2**-23 needs 24 significant bits, which
+    float32 holds exactly, so the largest value is 1 - 2**-24 and never rounds to 1.0
+    (a 24-bit grid would, giving infinite Gumbel noise).
     """
     bits = noise_bits(seq_keys, positions, vocab_size, stream)
-    if bits.dtype == torch.int32:  # uint32 viewed as int32: logical shift via mask
-        top = (bits >> 8) & 0xFFFFFF
-    else:
-        top = bits >> 8
-    return (top.to(torch.float32) + 0.5) * 2.0**-24
+    top = (bits >> 9) & 0x7FFFFF  # the mask also makes the shift logical for int32-viewed bits
+    return (top.to(torch.float32) + 0.5) * 2.0**-23
 
 
 def gumbel_noise(seq_keys: torch.Tensor, positions: torch.Tensor, vocab_size: int, stream: int = STREAM_TARGET

@@ -37,8 +37,10 @@ class FakeEngine:
         cls.built.append(engine)
         return engine
 
-    def generate(self, requests: list[Request], sampling: SamplingConfig) -> RolloutResult:
+    def generate(self, requests: list[Request], sampling: SamplingConfig, progress=None) -> RolloutResult:
         self.calls.append((requests, sampling))
+        if progress is not None:
+            progress(len(requests) * sampling.n, len(requests) * sampling.n)
         outputs = [
             SequenceOutput(r.request_id, j, [1], [4, 5, 6], "four", [-0.1, -0.2, -0.3], "stop" if j else "length", 0)
             for r in requests

@@ -1,0 +1,87 @@
+# SpecActor: `make run` and `make test` are all a newcomer needs; both create or refresh .venv first.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3.11
+PIP_VERSION := 25.1
+VENV := $(CURDIR)/.venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.specactor-installed
+CACHE := $(CURDIR)/.cache
+RUN_DIR := runs/demo
+RUN_ARGS ?=
+PYTEST_ARGS ?=
+
+# Every tool cache lives in the project (never the home directory), and nothing reaches a model hub.
+export SPECACTOR_CACHE_DIR := $(CACHE)/specactor
+export XDG_CACHE_HOME := $(CACHE)
+export HF_HOME := $(CACHE)/huggingface
+export HF_HUB_OFFLINE := 1
+export HF_DATASETS_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export TORCH_EXTENSIONS_DIR := $(CACHE)/torch_extensions
+export TRITON_CACHE_DIR := $(CACHE)/triton
+export WANDB_DIR := $(CACHE)/wandb
+export WANDB_CACHE_DIR := $(CACHE)/wandb/cache
+export WANDB_DATA_DIR := $(CACHE)/wandb/data
+export WANDB_MODE := offline
+export PREFECT_HOME := $(CACHE)/prefect
+export PREFECT_SERVER_ANALYTICS_ENABLED := false
+export RAY_USAGE_STATS_ENABLED := 0
+export RAY_AUTH_MODE := disabled
+export MPLCONFIGDIR := $(CACHE)/matplotlib
+
+.PHONY: help venv install run test test-fast lock clean distclean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+# Re-installs only when the pins or the project metadata changed.
+$(STAMP): requirements.txt pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet pip==$(PIP_VERSION)
+	$(BIN)/python -m pip install -r requirements.txt
+	$(BIN)/python -m pip install --no-deps --no-build-isolation -e .
+	$(BIN)/python -m pip check
+	touch $@
+
+venv: $(STAMP) ## create .venv, or refresh it if requirements.txt or pyproject.toml changed
+
+install: ## force a re-install of requirements.txt and the project into .venv
+	rm -f $(STAMP)
+	$(MAKE) --no-print-directory venv
+
+run: venv ## pull SmolLM2, make 4 reasoning-gym prompts, roll them out (extra args: RUN_ARGS=...)
+	$(BIN)/specactor models pull smollm2-135m-instruct --dtype float32
+	$(BIN)/specactor prompts --task chain_sum --count 4 --seed 0 --out $(RUN_DIR)/prompts.jsonl
+	$(BIN)/specactor rollout --prompts $(RUN_DIR)/prompts.jsonl --out $(RUN_DIR)/rollouts.jsonl \
+		--stats $(RUN_DIR)/stats.json --show 4 $(RUN_ARGS)
+
+test: venv ## the whole suite, real-model tests included (extra args: PYTEST_ARGS=...)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-fast: venv ## the suite without real-model and slow tests
+	$(BIN)/python -m pytest -m "not real_model and not slow" $(PYTEST_ARGS)
+
+lock: ## re-resolve requirements.in into requirements.txt in a throw-away venv
+	lock_venv=$$(mktemp -d); trap 'rm -rf "$$lock_venv"' EXIT; \
+	$(PYTHON) -m venv "$$lock_venv"; \
+	"$$lock_venv/bin/python" -m pip install --quiet pip==$(PIP_VERSION); \
+	"$$lock_venv/bin/python" -m pip install -r requirements.in; \
+	"$$lock_venv/bin/python" -m pip check; \
+	{ echo "# Fully pinned resolution of requirements.in (Python 3.11, Linux x86_64, CPU torch)."; \
+	  echo "# Generated from requirements.in by \`make lock\`; do not edit by hand."; \
+	  echo "# torch==2.13.0 picks this machine's local CPU wheel (2.13.0+cpu) over PyPI's CUDA build."; \
+	  "$$lock_venv/bin/python" -m pip freeze --all --exclude pip | sed -E 's/^torch==([^+]+)\+cpu$$/torch==\1/'; \
+	} > requirements.txt.new; \
+	mv requirements.txt.new requirements.txt
+
+clean: ## remove run outputs and build/test leftovers (keeps .venv and .cache)
+	rm -rf runs build .pytest_cache *.egg-info
+	find . -path ./.venv -prune -o -name __pycache__ -type d -exec rm -rf {} +
+
+distclean: clean ## also remove .venv and .cache (pulled models included)
+	rm -rf $(VENV) $(CACHE)

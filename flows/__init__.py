@@ -1,0 +1,1 @@
+"""Prefect flows (post-training, benchmark, evaluation): placeholder until the pipeline issue."""

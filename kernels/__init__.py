@@ -1,0 +1,1 @@
+"""Triton kernels, each checked against its pure-torch reference: placeholder, none yet."""
