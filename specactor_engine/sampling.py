@@ -88,13 +88,34 @@ def noise_bits(seq_keys: torch.Tensor, positions: torch.Tensor, vocab_size: int,
                ) -> torch.Tensor:
     """Same bits as `noise_bits_reference`; on CPU computed with numpy uint32 (5x faster than torch int ops).
 
-    Returns [R, T, V] int64 (reference) or int32-viewed uint32 bits (CPU fast path); use `uniform_noise`.
+    Returns [R, T, V] int64 (reference) or int32-viewed uint32 bits (CPU fast path).
     """
     if positions.device.type != "cpu":
         return noise_bits_reference(seq_keys, positions, vocab_size, stream)
     key = _combine(_combine(seq_keys[:, None], positions), stream).numpy().astype(np.uint32)  # [R, T]
     bits = _mix32_numpy(key[..., None] ^ _token_hash_numpy(vocab_size))
     return torch.from_numpy(bits.view(np.int32))
+
+
+_ROW_LOOP_MIN_VOCAB = 4096
+
+
+def _uniform_numpy(keys: np.ndarray, vocab_size: int) -> np.ndarray:
+    """CPU fast path of `uniform_noise`: keys [N] uint32 -> [N, V] float32.
+
+    One row at a time so the intermediates stay in cache (about 5x faster than whole-tensor ops).
+    """
+    token_hash = _token_hash_numpy(vocab_size)
+    if vocab_size < _ROW_LOOP_MIN_VOCAB:  # small vocabularies (tests): one vectorized pass
+        bits = _mix32_numpy(keys[:, None] ^ token_hash) >> np.uint32(9)
+        return (bits.astype(np.float32) + np.float32(0.5)) * np.float32(2.0**-23)
+    out = np.empty((len(keys), vocab_size), dtype=np.float32)
+    for row, key in enumerate(keys):
+        bits = _mix32_numpy(token_hash ^ key)
+        bits >>= np.uint32(9)
+        np.add(bits, np.float32(0.5), out=out[row], casting="unsafe")
+    out *= np.float32(2.0**-23)
+    return out
 
 
 def uniform_noise(seq_keys: torch.Tensor, positions: torch.Tensor, vocab_size: int, stream: int = STREAM_TARGET
@@ -106,15 +127,18 @@ def uniform_noise(seq_keys: torch.Tensor, positions: torch.Tensor, vocab_size: i
     float32 holds exactly, so the largest value is 1 - 2**-24 and never rounds to 1.0
     (a 24-bit grid would, giving infinite Gumbel noise).
     """
-    bits = noise_bits(seq_keys, positions, vocab_size, stream)
-    top = (bits >> 9) & 0x7FFFFF  # the mask also makes the shift logical for int32-viewed bits
+    if positions.device.type == "cpu":
+        keys = _combine(_combine(seq_keys[:, None], positions), stream).numpy().astype(np.uint32)  # [R, T]
+        flat = _uniform_numpy(keys.reshape(-1), vocab_size)
+        return torch.from_numpy(flat).view(*positions.shape, vocab_size)
+    top = noise_bits_reference(seq_keys, positions, vocab_size, stream) >> 9
     return (top.to(torch.float32) + 0.5) * 2.0**-23
 
 
 def gumbel_noise(seq_keys: torch.Tensor, positions: torch.Tensor, vocab_size: int, stream: int = STREAM_TARGET
                  ) -> torch.Tensor:
     """Standard Gumbel noise [R, T, V] (float32) keyed like `uniform_noise`."""
-    return -torch.log(-torch.log(uniform_noise(seq_keys, positions, vocab_size, stream)))
+    return uniform_noise(seq_keys, positions, vocab_size, stream).log_().neg_().log_().neg_()
 
 
 @dataclass(frozen=True)

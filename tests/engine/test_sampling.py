@@ -386,3 +386,14 @@ def test_token_logprobs_equals_log_softmax_gathered() -> None:
     got_bf16 = token_logprobs(logits.to(torch.bfloat16), ids, 1.0)
     expected_bf16 = torch.log_softmax(logits.to(torch.bfloat16).double(), dim=-1).gather(-1, ids[..., None])[..., 0]
     torch.testing.assert_close(got_bf16.double(), expected_bf16, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("vocab_size", [7, 4096, 5003])
+def test_uniform_noise_cpu_paths_equal_the_torch_reference(vocab_size):
+    """Both CPU paths (vectorized for small V, row loop for large V) give the reference's values."""
+    from specactor_engine.sampling import noise_bits_reference, uniform_noise
+
+    keys = torch.tensor([0, 5, 2**32 - 1])
+    positions = torch.tensor([[0, 1], [7, 2**31], [3, 4]])
+    expected = ((noise_bits_reference(keys, positions, vocab_size) >> 9).float() + 0.5) * 2.0**-23
+    assert torch.equal(uniform_noise(keys, positions, vocab_size), expected)
