@@ -26,3 +26,24 @@ def load_named_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tens
     for name, tensor in pairs:
         targets[name].copy_(tensor.to(device=targets[name].device, dtype=targets[name].dtype))
     return len(pairs)
+
+
+def weights_digest(weights: Iterable[tuple[str, torch.Tensor]]) -> str:
+    """sha256 over (name, dtype, shape, bytes) of every tensor, in name order.
+
+    Two models with equal digests hold bit-identical weights: the sync check between the
+    trainer and the rollout engine.
+    """
+    import hashlib
+
+    digest = hashlib.sha256()
+    for name, tensor in sorted(weights, key=lambda item: item[0]):
+        data = tensor.detach().to("cpu").contiguous()
+        digest.update(f"{name}|{data.dtype}|{tuple(data.shape)}|".encode())
+        digest.update(data.view(torch.uint8).numpy().tobytes() if data.numel() else b"")
+    return digest.hexdigest()
+
+
+def model_digest(model: nn.Module) -> str:
+    """`weights_digest` of a model's state dict (tied weights appear under every name)."""
+    return weights_digest(model.state_dict().items())

@@ -142,3 +142,15 @@ def test_kv_rollback_is_a_length_change_without_copy(target):
     redo = runner.forward(block, slots)
     assert torch.allclose(redo, full, atol=1e-6)
     assert again.shape == (2, 1, target.config.vocab_size)
+
+
+def test_weights_digest_detects_a_single_bit(target):
+    from specactor_engine.weights import model_digest, weights_digest
+
+    other = make_tiny_model("llama", seed=5)
+    assert model_digest(other) == model_digest(target)
+    with torch.no_grad():
+        flat = other.model.norm.weight.view(torch.int32)
+        flat[0] ^= 1  # flip the lowest mantissa bit of one element
+    assert model_digest(other) != model_digest(target)
+    assert weights_digest([("a", torch.zeros(2))]) != weights_digest([("b", torch.zeros(2))])

@@ -1,0 +1,112 @@
+"""The run directory: every artifact of a post-training run, written atomically.
+
+Layout (step numbers are 1-based; policy version v is the policy after v updates):
+
+    <run>/config.yaml                    the resolved config
+    <run>/data/train.jsonl, eval.jsonl   prompt datasets (engine JSONL + answer columns)
+    <run>/steps/000001/rollouts.jsonl    rollout records of step 1 (policy version 0)
+    <run>/steps/000001/scores.jsonl      rewards per record
+    <run>/steps/000001/metrics.json      written last: its presence marks the step complete
+    <run>/checkpoints/v000001/           model.safetensors + config.json (+ COMPLETE)
+    <run>/checkpoints/LATEST             the published version (atomic rename)
+    <run>/wandb/                         W&B offline files
+
+A step is complete only when its metrics file exists and the checkpoint it published is
+LATEST, so a crash anywhere mid-step resumes at that step with the previous pair intact.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+
+def atomic_write_text(path: Path, text: str) -> Path:
+    """Write `text` to `path` via a temp file + fsync + rename (never a half-written file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_jsonl(path: Path, records: Iterable[dict[str, Any]]) -> Path:
+    return atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """Paths of one run; all methods are cheap and side-effect free except the writers."""
+
+    root: Path
+
+    def step_dir(self, step: int) -> Path:
+        return self.root / "steps" / f"{step:06d}"
+
+    def rollouts(self, step: int) -> Path:
+        return self.step_dir(step) / "rollouts.jsonl"
+
+    def scores(self, step: int) -> Path:
+        return self.step_dir(step) / "scores.jsonl"
+
+    def metrics(self, step: int) -> Path:
+        return self.step_dir(step) / "metrics.json"
+
+    def checkpoint(self, version: int) -> Path:
+        return self.root / "checkpoints" / f"v{version:06d}"
+
+    @property
+    def latest_file(self) -> Path:
+        return self.root / "checkpoints" / "LATEST"
+
+    @property
+    def wandb_dir(self) -> Path:
+        return self.root / "wandb"
+
+    def data(self, split: str) -> Path:
+        return self.root / "data" / f"{split}.jsonl"
+
+    def latest_version(self) -> int:
+        """The published policy version (0 = the initial model, nothing published yet)."""
+        return int(self.latest_file.read_text().strip()) if self.latest_file.exists() else 0
+
+    def publish(self, version: int) -> None:
+        """Make checkpoint `version` the current one (atomic)."""
+        if not (self.checkpoint(version) / "COMPLETE").exists():
+            raise FileNotFoundError(f"checkpoint v{version} is not complete: {self.checkpoint(version)}")
+        atomic_write_text(self.latest_file, f"{version}\n")
+
+    def completed_steps(self) -> list[int]:
+        """Steps whose metrics were written and whose checkpoint is published."""
+        latest = self.latest_version()
+        steps_root = self.root / "steps"
+        if not steps_root.exists():
+            return []
+        done = sorted(int(p.name) for p in steps_root.iterdir() if p.name.isdigit() and (p / "metrics.json").exists())
+        return [s for s in done if s <= latest]
+
+    def next_step(self) -> int:
+        """The first step to run (1 for a new run); resuming never recomputes a completed step."""
+        done = self.completed_steps()
+        return done[-1] + 1 if done else 1
+
+    def write_metrics(self, step: int, metrics: dict[str, Any]) -> Path:
+        return atomic_write_text(self.metrics(step), json.dumps(metrics, indent=2, sort_keys=True))
+
+    def read_metrics(self, step: int) -> dict[str, Any]:
+        return json.loads(self.metrics(step).read_text())

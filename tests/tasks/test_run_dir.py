@@ -1,0 +1,54 @@
+"""Run directory bookkeeping: atomic writes, publish, resume point."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tasks.run_dir import RunDir, atomic_write_text, read_jsonl, write_jsonl
+
+
+def complete_checkpoint(run: RunDir, version: int) -> None:
+    path = run.checkpoint(version)
+    path.mkdir(parents=True)
+    (path / "COMPLETE").write_text("ok")
+
+
+def test_new_run_starts_at_step_one(tmp_path: Path):
+    run = RunDir(tmp_path / "run")
+    assert run.next_step() == 1 and run.latest_version() == 0
+
+
+def test_step_counts_only_when_metrics_and_checkpoint_are_published(tmp_path: Path):
+    run = RunDir(tmp_path)
+    write_jsonl(run.rollouts(1), [{"id": "a"}])
+    run.write_metrics(1, {"reward": 0.5})
+    assert run.next_step() == 1  # metrics but nothing published: redo step 1
+    complete_checkpoint(run, 1)
+    run.publish(1)
+    assert run.completed_steps() == [1] and run.next_step() == 2
+    write_jsonl(run.rollouts(2), [{"id": "b"}])  # step 2 crashed before metrics
+    assert run.next_step() == 2
+    assert read_jsonl(run.rollouts(1)) == [{"id": "a"}]
+
+
+def test_publish_refuses_an_incomplete_checkpoint(tmp_path: Path):
+    run = RunDir(tmp_path)
+    run.checkpoint(1).mkdir(parents=True)
+    with pytest.raises(FileNotFoundError, match="not complete"):
+        run.publish(1)
+    assert run.latest_version() == 0
+
+
+def test_atomic_write_keeps_the_old_file_on_failure(tmp_path: Path, monkeypatch):
+    target = atomic_write_text(tmp_path / "f.txt", "old")
+
+    def boom(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr("tasks.run_dir.os.replace", boom)
+    with pytest.raises(OSError):
+        atomic_write_text(target, "new")
+    assert target.read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["f.txt"]
