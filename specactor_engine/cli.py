@@ -191,6 +191,50 @@ def _print_summary(result: RolloutResult, out: Path) -> None:
             logger.warning("request %s sample %d: %s", output.request_id, output.sample_index, output.error)
 
 
+@app.command()
+def train(
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="YAML config with a 'train' section.")] = None,
+    overrides: Annotated[list[str] | None, typer.Option("--set", help="Override a key: --set train.steps=3")] = None,
+) -> None:
+    """Run the post-training flow (rollout -> rewards -> GRPO update -> weight and drafter sync) per step."""
+    from flows.post_training import check_train_config
+
+    with user_errors(ValueError):
+        check_train_config(load_config(config, overrides or ()))
+    from flows.post_training import post_training
+
+    result = post_training(config_path=str(config) if config else None, overrides=list(overrides or ()))
+    _print_train_summary(result)
+
+
+def _print_train_summary(result: dict) -> None:
+    table = Table(title=f"post-training -> {result['run_dir']}")
+    columns = [("step", "step", "{}"), ("reward", "reward/mean", "{:.3f}"), ("accuracy", "accuracy", "{:.2f}"),
+               ("rollout s", "rollout/makespan_s", "{:.1f}"), ("accept len", "rollout/mean_acceptance_length", "{:.2f}"),
+               ("loss", "train/loss", "{:.4f}")]
+    for label, _, _ in columns:
+        table.add_column(label, justify="right")
+    for step in sorted(result["steps"]):
+        metrics = result["steps"][step]
+        table.add_row(*[fmt.format(metrics[key]) if key in metrics else "-" for _, key, fmt in columns])
+    console.print(table)
+    console.print(f"run directory: {result['run_dir']}\nW&B files: {result['wandb_dir']}", highlight=False)
+
+
+@app.command()
+def deploy(
+    name: Annotated[str, typer.Option("--name", help="Deployment name.")] = "post-training",
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="Config passed to every run.")] = None,
+) -> None:
+    """Serve the post-training flow as a Prefect deployment (start runs with `prefect deployment run`)."""
+    from flows.post_training import post_training
+
+    parameters = {"config_path": str(config.resolve()) if config else None, "overrides": []}
+    console.print(f"serving deployment 'post_training/{name}'; run it with: "
+                  f"prefect deployment run 'post_training/{name}'", highlight=False)
+    post_training.serve(name=name, parameters=parameters)
+
+
 def main() -> None:
     """Entry point of the `specactor` console script."""
     app()

@@ -150,6 +150,88 @@ class SamplingConfig(_Frozen):
         return self.temperature == 0
 
 
+class DataConfig(_Frozen):
+    """Where the training prompts come from (reasoning-gym tasks or a local dataset)."""
+
+    kind: Literal["reasoning_gym", "jsonl", "parquet", "hf_disk"] = Field(
+        "reasoning_gym", description="Prompt source: generated reasoning-gym tasks or a local file/dir.")
+    tasks: list[str] = Field(default_factory=lambda: ["chain_sum"], description="reasoning-gym task names.")
+    count_per_task: int = Field(64, ge=1, description="reasoning-gym items generated per task.")
+    path: str | None = Field(None, description="Local JSONL/parquet file or saved HF dataset dir.")
+    prompt_column: str = Field("prompt", description="Column with the prompt text or chat messages.")
+    answer_column: str = Field("answer", description="Column with the reference answer.")
+    id_column: str | None = Field(None, description="Column with row ids (None: generated).")
+    eval_fraction: float = Field(0.1, ge=0, lt=1, description="Share of prompts held out for evaluation.")
+    seed: int = Field(0, ge=0, description="Seed for generation, the split and the per-epoch shuffle.")
+
+    @model_validator(mode="after")
+    def _path_for_local(self) -> DataConfig:
+        if self.kind != "reasoning_gym" and not self.path:
+            raise ValueError(f"data.kind '{self.kind}' needs data.path")
+        return self
+
+
+class OptimConfig(_Frozen):
+    """Policy update: GRPO loss and the DeepSpeed engine."""
+
+    lr: float = Field(1e-5, gt=0, description="AdamW learning rate.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    grad_clip: float = Field(1.0, gt=0, description="Gradient norm clip.")
+    clip_eps: float = Field(0.2, gt=0, description="PPO/GRPO ratio clip.")
+    kl_coef: float = Field(0.0, ge=0, description="KL-to-reference coefficient (0: no reference model).")
+    zero_stage: int = Field(2, ge=0, le=3, description="DeepSpeed ZeRO stage.")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="Training dtype (float16 needs a GPU).")
+    micro_batch_size: int = Field(8, ge=1, description="Sequences per forward/backward micro batch.")
+
+
+class DrafterSyncConfig(_Frozen):
+    """Refreshing drafters after each policy update, and the acceptance-collapse alarm."""
+
+    distill_steps: int = Field(8, ge=0, description="Distillation steps per sync for model drafters.")
+    distill_seconds: float = Field(60.0, gt=0, description="Time budget per sync for distillation.")
+    distill_lr: float = Field(1e-4, gt=0, description="Drafter distillation learning rate.")
+    distill_batch_size: int = Field(8, ge=1, description="Sequences per distillation step.")
+    collapse_ratio: float = Field(0.5, gt=0, le=1, description="Alarm when acceptance < ratio x previous step.")
+
+    def budget(self) -> Any:
+        from specactor_engine.distill import DistillBudget
+
+        return DistillBudget(self.distill_steps, self.distill_seconds, self.distill_batch_size, self.distill_lr)
+
+
+class WandbConfig(_Frozen):
+    project: str = Field("specactor", description="W&B project.")
+    entity: str | None = Field(None, description="W&B entity (team or user).")
+    mode: Literal["offline", "online", "disabled"] = Field("offline", description="W&B mode.")
+
+
+class TrainConfig(_Frozen):
+    """The post-training loop (flows/post_training.py)."""
+
+    run_dir: str = Field("runs/default", description="Run directory: rollouts, metrics, checkpoints, W&B files.")
+    steps: int = Field(4, ge=1, description="GRPO steps.")
+    prompts_per_step: int = Field(8, ge=1, description="Prompts per step (each rolled out sampling.n times).")
+    speculation: bool = Field(True, description="False: roll out with rollout.mode 'ar'.")
+    advantage: Literal["grpo", "dr_grpo"] = Field("grpo", description="Advantage estimator.")
+    rewards: dict[str, float] = Field(
+        default_factory=lambda: {"reasoning_gym": 1.0}, description="Reward name -> weight.")
+    data: DataConfig = Field(default_factory=DataConfig)
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    drafter_sync: DrafterSyncConfig = Field(default_factory=DrafterSyncConfig)
+    wandb: WandbConfig = Field(default_factory=WandbConfig)
+
+    @field_validator("optim")
+    @classmethod
+    def _cpu_dtype(cls, optim: OptimConfig) -> OptimConfig:
+        if optim.dtype == "float16":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise ValueError("float16 training needs a GPU; on CPU use bfloat16 or float32 (train.optim.dtype)")
+        return optim
+
+
 class SpecActorConfig(_Frozen):
     """The whole configuration: target model, rollout engine, sampling, threads."""
 
@@ -157,6 +239,7 @@ class SpecActorConfig(_Frozen):
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     threads: int | None = Field(None, ge=1, description="torch intra-op threads (None: torch default).")
+    train: TrainConfig | None = Field(None, description="Post-training loop (only `specactor train` uses it).")
 
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> SpecActorConfig:

@@ -1,0 +1,87 @@
+"""The `post_training` flow: per step load -> rollout -> score -> update -> sync.
+
+A plain function calling tasks in order. Heavy state lives in the run directory and in
+the process-local host (tasks.runtime); tasks exchange only paths, steps and metric dicts.
+Resuming: the flow starts at the first step that is not complete (tasks.run_dir).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_markdown_artifact
+
+from tasks.pipeline import acceptance_alarms, load_prompts, run_rollout, score_rewards, sync_weights, update_policy
+from tasks.run_dir import RunDir, atomic_write_text
+
+
+@flow(name="post_training")
+def post_training(config_path: str | None = None, overrides: Sequence[str] = (), release: bool = True
+                  ) -> dict[str, Any]:
+    """Run `train.steps` GRPO steps; returns the per-step metrics and where the files are.
+
+    release=False keeps the engine and trainer in this process after the run (tests, notebooks).
+    """
+    from specactor_engine.config import config_to_yaml, load_config
+    from tasks.runtime import drop_host
+    from tasks.tracking import Tracker
+
+    config = check_train_config(load_config(config_path, list(overrides)))
+    run = RunDir(Path(config.train.run_dir).resolve())
+    atomic_write_text(run.root / "config.yaml", config_to_yaml(config))
+    root = str(run.root)
+    logger = get_run_logger()
+    load_prompts(root)
+    tracker = Tracker(run.wandb_dir, config.train.wandb.project, config.train.wandb.mode, config.train.wandb.entity,
+                      config.model_dump(mode="json"))
+    history = {step: run.read_metrics(step) for step in run.completed_steps()}
+    first = run.next_step()
+    if first > 1:
+        logger.info("resuming at step %d (steps 1..%d complete)", first, first - 1)
+    try:
+        for step in range(first, config.train.steps + 1):
+            metrics = _run_step(root, step)
+            for alarm in acceptance_alarms(history.get(step - 1), metrics, config.train.drafter_sync.collapse_ratio):
+                tracker.alert("drafter acceptance collapsed", alarm)
+                metrics.setdefault("alarms", []).append(alarm)
+            run.write_metrics(step, metrics)
+            run.publish(step)
+            history[step] = metrics
+            tracker.log(step, metrics)
+            _artifact(step, metrics)
+    finally:
+        tracker.finish()
+        if release:
+            drop_host(root)
+    return {"run_dir": root, "wandb_dir": str(run.wandb_dir), "steps": history}
+
+
+def check_train_config(config: Any) -> Any:
+    """Everything that can be checked before any work: the train section and reward names."""
+    from tasks.rewards import validate_reward_weights
+
+    if config.train is None:
+        raise ValueError("the config has no 'train' section; see configs/train_smollm2.yaml")
+    validate_reward_weights(dict(config.train.rewards))
+    return config
+
+
+def _run_step(root: str, step: int) -> dict[str, Any]:
+    metrics: dict[str, Any] = {"step": step}
+    metrics.update(run_rollout(root, step))
+    metrics.update(score_rewards(root, step))
+    metrics.update(update_policy(root, step))
+    metrics.update(sync_weights(root, step))
+    return metrics
+
+
+def _artifact(step: int, metrics: dict[str, Any]) -> None:
+    rows = [("reward (mean)", "reward/mean", "{:.3f}"), ("accuracy", "accuracy", "{:.3f}"),
+            ("rollout makespan (s)", "rollout/makespan_s", "{:.1f}"),
+            ("mean acceptance length", "rollout/mean_acceptance_length", "{:.2f}"),
+            ("acceptance rate", "rollout/acceptance_rate", "{:.1%}"), ("loss", "train/loss", "{:.4f}")]
+    lines = [f"# Step {step}", "", "| metric | value |", "|---|---|"]
+    lines += [f"| {label} | {fmt.format(metrics[key])} |" for label, key, fmt in rows if key in metrics]
+    create_markdown_artifact(markdown="\n".join(lines), key=f"step-{step}", description=f"post-training step {step}")

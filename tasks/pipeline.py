@@ -1,0 +1,276 @@
+"""The post-training steps as Prefect tasks: small, typed, passing only references.
+
+Each task takes the run directory (a string) and the step number, reads what it needs
+from the run directory or the process-local host (tasks.runtime), writes its outputs
+atomically and returns a small dict of metrics.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from prefect import get_run_logger, task
+
+from tasks.run_dir import RunDir, read_jsonl, write_jsonl
+from tasks.runtime import RunHost, get_host, set_host
+
+ACCEPTANCE_FLOOR = 0.05  # below this a drafter was useless already; no collapse alarm
+
+
+def _logger() -> logging.Logger | logging.LoggerAdapter:
+    try:
+        return get_run_logger()
+    except Exception:  # called outside a flow run (unit tests of .fn)
+        return logging.getLogger("specactor.pipeline")
+
+
+def build_host(run_root: str, config: Any) -> RunHost:
+    """Engine + trainer for a run, both at the last published policy version."""
+    from transformers import AutoModelForCausalLM
+
+    from specactor_engine.engine import Engine
+    from specactor_engine.models import resolve_model
+    from tasks.trainer import PolicyTrainer
+
+    run = RunDir(Path(run_root))
+    version = run.latest_version()
+    source = run.checkpoint(version) if version else resolve_model(
+        config.model.target, dtype=config.model.dtype, cache_dir=config.model.cache_dir)
+    engine_config = config.model_copy(update={"model": config.model.model_copy(update={"target": str(source)})})
+    if not config.train.speculation:
+        engine_config = engine_config.model_copy(
+            update={"rollout": config.rollout.model_copy(update={"mode": "ar"})})
+    engine = Engine.from_config(engine_config)
+    engine.policy_version = version
+    policy = AutoModelForCausalLM.from_pretrained(source, dtype="float32")
+    trainer = PolicyTrainer(policy, trainer_config(config))
+    return set_host(run_root, RunHost(config=config, engine=engine, trainer=trainer, tokenizer=engine.tokenizer))
+
+
+def trainer_config(config: Any) -> Any:
+    """The trainer's own config from the run config's train.optim section."""
+    from tasks.trainer import TrainerConfig
+
+    optim = config.train.optim
+    return TrainerConfig(lr=optim.lr, weight_decay=optim.weight_decay, grad_clip=optim.grad_clip,
+                         zero_stage=optim.zero_stage, dtype=optim.dtype, micro_batch_size=optim.micro_batch_size,
+                         temperature=config.sampling.temperature, clip_eps=optim.clip_eps, kl_coef=optim.kl_coef,
+                         use_reference=optim.kl_coef > 0, seed=config.sampling.seed)
+
+
+def prompt_source(data: Any) -> Any:
+    """The data loader's source description from the run config's train.data section."""
+    from tasks.data import PromptSource
+
+    return PromptSource(kind=data.kind, tasks=tuple(data.tasks), count_per_task=data.count_per_task, seed=data.seed,
+                        path=data.path, prompt_column=data.prompt_column, answer_column=data.answer_column,
+                        id_column=data.id_column)
+
+
+def host_for(run_root: str) -> RunHost:
+    host = get_host(run_root)
+    if host is None:
+        from specactor_engine.config import load_config
+
+        host = build_host(run_root, load_config(Path(run_root) / "config.yaml"))
+    return host
+
+
+@task(name="load_prompts", retries=1)
+def load_prompts(run_root: str) -> dict[str, Any]:
+    """Build the train/eval prompt datasets into the run directory (idempotent)."""
+    from tasks.data import load_prompt_dataset, train_eval_split
+
+    run = RunDir(Path(run_root))
+    host = host_for(run_root)
+    if run.data("train").exists():
+        return {"train": str(run.data("train")), "eval": str(run.data("eval"))}
+    data_cfg = host.config.train.data
+    dataset = load_prompt_dataset(prompt_source(data_cfg))
+    train, evaluation = train_eval_split(dataset, data_cfg.eval_fraction, data_cfg.seed)
+    write_jsonl(run.data("eval"), evaluation.to_list())
+    write_jsonl(run.data("train"), train.to_list())
+    _logger().info("prompts: %d train, %d eval", len(train), len(evaluation))
+    return {"train": str(run.data("train")), "eval": str(run.data("eval"))}
+
+
+def step_requests(run_root: str, step: int) -> list[dict[str, Any]]:
+    """The prompt rows of a step (deterministic: the same rows on a resumed run)."""
+    import datasets
+
+    from tasks.data import batch_for_step
+
+    host = host_for(run_root)
+    rows = read_jsonl(RunDir(Path(run_root)).data("train"))
+    train = host.config.train
+    return batch_for_step(datasets.Dataset.from_list(rows), step, train.prompts_per_step, train.data.seed).to_list()
+
+
+@task(name="run_rollout")
+def run_rollout(run_root: str, step: int) -> dict[str, Any]:
+    """Roll out the step's prompts with the engine; write records with policy and drafter versions."""
+    from specactor_engine.types import Request
+
+    host, run = host_for(run_root), RunDir(Path(run_root))
+    rows = step_requests(run_root, step)
+    requests = [Request(str(row["id"]), messages=row["messages"]) for row in rows]
+    sampling = host.config.sampling.model_copy(update={"seed": host.config.sampling.seed + step})
+    clock = _TailClock()
+    result = host.engine.generate(requests, sampling, progress=clock.observe)
+    by_id = {str(row["id"]): row for row in rows}
+    drafter_versions = {d.name: d.version for d in host.engine.drafters}
+    records = [{**out.to_json(), "step": step, "prompt_token_ids": out.prompt_token_ids,
+                "drafter_versions": drafter_versions, "answer": by_id[out.request_id].get("answer"),
+                "task": by_id[out.request_id].get("task", "")} for out in result.outputs]
+    write_jsonl(run.rollouts(step), records)
+    stats = result.stats
+    metrics = {
+        "rollout/makespan_s": stats.total_s, "rollout/tail_s": clock.tail_seconds(stats.total_s),
+        "rollout/tokens_per_s": stats.tokens_per_s, "rollout/output_tokens": stats.output_tokens,
+        "rollout/mean_acceptance_length": stats.mean_acceptance_length,
+        "rollout/acceptance_rate": stats.acceptance_rate, "policy_version": host.engine.policy_version,
+    }
+    for name, drafted in stats.drafted_per_drafter.items():
+        metrics[f"drafter/{name}/acceptance_rate"] = stats.accepted_per_drafter.get(name, 0) / max(drafted, 1)
+        metrics[f"drafter/{name}/share"] = drafted / max(stats.drafted_tokens, 1)
+    for name, version in drafter_versions.items():
+        metrics[f"drafter/{name}/version"] = version
+    return metrics
+
+
+class _TailClock:
+    """Time at which 75% of the sequences had finished (from the engine's progress callback)."""
+
+    def __init__(self) -> None:
+        self.started = time.perf_counter()
+        self.tail_start: float | None = None
+
+    def observe(self, finished: int, total: int) -> None:
+        if self.tail_start is None and finished >= 0.75 * total:
+            self.tail_start = time.perf_counter() - self.started
+
+    def tail_seconds(self, makespan: float) -> float:
+        return max(makespan - self.tail_start, 0.0) if self.tail_start is not None else 0.0
+
+
+@task(name="score_rewards", retries=2)
+def score_rewards(run_root: str, step: int) -> dict[str, Any]:
+    """Score every completion with the configured rewards; group-normalised advantages."""
+    import torch
+
+    from tasks.grpo import ADVANTAGE_ESTIMATORS
+    from tasks.rewards import combine_rewards
+
+    host, run = host_for(run_root), RunDir(Path(run_root))
+    records = read_jsonl(run.rollouts(step))
+    columns = {"answer": [r["answer"] for r in records], "task": [r["task"] for r in records],
+               "id": [r["id"] for r in records]}
+    totals, per_reward = combine_rewards([r["text"] for r in records], columns, dict(host.config.train.rewards))
+    groups = {rid: i for i, rid in enumerate(dict.fromkeys(columns["id"]))}
+    estimator = ADVANTAGE_ESTIMATORS[host.config.train.advantage]
+    advantages = estimator(torch.tensor(totals, dtype=torch.float64),
+                           torch.tensor([groups[rid] for rid in columns["id"]])).tolist()
+    write_jsonl(run.scores(step), [
+        {"id": r["id"], "sample": r["sample"], "reward": total, "advantage": adv,
+         **{f"reward/{name}": values[i] for name, values in per_reward.items()}}
+        for i, (r, total, adv) in enumerate(zip(records, totals, advantages))])
+    rewards = torch.tensor(totals)
+    metrics = {"reward/mean": float(rewards.mean()), "reward/std": float(rewards.std()) if len(rewards) > 1 else 0.0}
+    for name, values in per_reward.items():
+        scored = [v for v in values if v is not None]
+        metrics[f"reward/{name}"] = sum(scored) / len(scored) if scored else 0.0
+    metrics["accuracy"] = _accuracy(per_reward)
+    return metrics
+
+
+def _accuracy(per_reward: dict[str, list[float | None]]) -> float:
+    """Share of completions a correctness reward scored 1.0 (reasoning_gym or math_verify)."""
+    for name in ("reasoning_gym", "math_verify"):
+        if name in per_reward:
+            scored = [v for v in per_reward[name] if v is not None]
+            return sum(v >= 1.0 for v in scored) / len(scored) if scored else 0.0
+    return 0.0
+
+
+@task(name="update_policy")
+def update_policy(run_root: str, step: int) -> dict[str, Any]:
+    """One GRPO update on the step's rollouts; stages checkpoint v<step> (not yet published)."""
+    from tasks.trainer import RolloutBatch
+
+    host, run = host_for(run_root), RunDir(Path(run_root))
+    records, scores = read_jsonl(run.rollouts(step)), read_jsonl(run.scores(step))
+    usable = [(r, s) for r, s in zip(records, scores) if r["token_ids"] and r["finish_reason"] != "error"]
+    batch = RolloutBatch(
+        prompt_token_ids=[r["prompt_token_ids"] for r, _ in usable],
+        output_token_ids=[r["token_ids"] for r, _ in usable],
+        old_logprobs=[r["logprobs"] for r, _ in usable],
+        advantages=[s["advantage"] for _, s in usable],
+    )
+    metrics = host.trainer.step(batch)
+    host.trainer.save_checkpoint(run.checkpoint(step))
+    (run.checkpoint(step) / "COMPLETE").write_text("ok\n")
+    return {f"train/{key}": float(value) for key, value in metrics.items()}
+
+
+@task(name="sync_weights")
+def sync_weights(run_root: str, step: int) -> dict[str, Any]:
+    """Push policy v<step> into the engine, verify it bit for bit, refresh every drafter.
+
+    On any failure the engine is restored to the previous version, so the previous
+    consistent (checkpoint, engine, drafters) triple stays in place.
+    """
+    from specactor_engine.weights import weights_digest
+
+    host, run = host_for(run_root), RunDir(Path(run_root))
+    previous = host.engine.policy_version
+    try:
+        host.engine.update_weights(host.trainer.state_dict_for_sync(), version=step)
+        engine_digest = weights_digest(host.engine.runner.model.named_parameters())
+        if engine_digest != weights_digest(host.trainer.state_dict_for_sync()):
+            raise RuntimeError(f"weights in the engine differ from the trainer's after sync to v{step}")
+        metrics = refresh_drafters(host, read_jsonl(run.rollouts(step)), step)
+    except Exception:
+        _restore_engine(host, run, previous)
+        raise
+    return {"sync/policy_digest": engine_digest[:16], "policy_version_after": step, **metrics}
+
+
+def refresh_drafters(host: RunHost, records: list[dict[str, Any]], version: int) -> dict[str, float]:
+    """Model drafters: distil on the step's rollouts (bounded); others: bump their version."""
+    from specactor_engine.distill import distill_on_rollouts
+
+    metrics: dict[str, float] = {}
+    sequences = [(r["prompt_token_ids"], r["token_ids"]) for r in records if r["token_ids"]]
+    for drafter in host.engine.drafters:
+        if hasattr(drafter, "runner"):
+            result = distill_on_rollouts(drafter.runner.model, sequences, host.config.train.drafter_sync.budget())
+            metrics.update({f"drafter/{drafter.name}/{k}": v for k, v in result.items()})
+        drafter.version = version
+    return metrics
+
+
+def _restore_engine(host: RunHost, run: RunDir, version: int) -> None:
+    """Reload the engine's target from checkpoint v<version> (or the initial model)."""
+    from safetensors.torch import load_file
+
+    if version == 0:
+        _logger().error("sync failed; the engine keeps version 0 weights only if they were not touched")
+        return
+    weights = load_file(run.checkpoint(version) / "model.safetensors")
+    host.engine.update_weights(weights.items(), version=version)
+
+
+def acceptance_alarms(previous: dict[str, Any] | None, current: dict[str, Any], ratio: float) -> list[str]:
+    """Drafters whose acceptance fell below `ratio` x the previous step's (after a sync)."""
+    if not previous:
+        return []
+    alarms = []
+    for key, value in current.items():
+        if key.startswith("drafter/") and key.endswith("/acceptance_rate"):
+            before = previous.get(key)
+            if before is not None and before >= ACCEPTANCE_FLOOR and value < ratio * before:
+                alarms.append(f"{key.split('/')[1]}: acceptance {before:.2f} -> {value:.2f} after the sync")
+    return alarms
