@@ -1,0 +1,428 @@
+"""The policy trainer: GRPO updates of a Hugging Face causal LM on a DeepSpeed engine.
+
+`PolicyTrainer(model, cfg)` owns one DeepSpeed engine (ZeRO stage from the config; gloo on
+CPU, NCCL on GPU, the same code) and knows nothing about rollouts beyond `RolloutBatch`:
+token ids, the engine's logprobs of the emitted tokens and one advantage per sample.
+One `step(batch)` is one optimizer update, accumulated over micro-batches so that the loss
+is the same as for the whole batch at once. Weights leave the trainer as (HF name, tensor)
+pairs (`state_dict_for_sync`) or as an atomically written safetensors checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import os
+import shutil
+import socket
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from safetensors.torch import load_file
+from torch import nn
+
+from tasks.grpo import LOSS_AGGREGATIONS, entropy_from_logits, grpo_loss, token_logprobs_from_logits
+
+logger = logging.getLogger(__name__)
+
+WEIGHTS_NAME = "model.safetensors"
+BACKUP_SUFFIX = ".previous"  # an overwritten checkpoint lives here for the instant of the swap
+_SINGLE_PROCESS_ENV = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class TrainerConfigError(ValueError):
+    """A trainer setting this machine cannot run; the message is meant for the user."""
+
+
+class TrainerConfig(BaseModel):
+    """Optimizer, DeepSpeed and GRPO-loss settings of the policy update."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    lr: float = Field(1e-6, gt=0, description="AdamW learning rate.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay.")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
+    grad_clip: float = Field(1.0, ge=0, description="Clip the global gradient norm to this (0 = off).")
+    zero_stage: int = Field(2, ge=0, le=3, description="DeepSpeed ZeRO stage.")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="Training dtype; float16 needs a GPU (use bfloat16 or float32 on CPU).")
+    micro_batch_size: int = Field(8, ge=1, description="Sequences per forward/backward; gradients accumulate.")
+    temperature: float = Field(1.0, ge=0, description="Rollout temperature; logprobs use logits / T (0: greedy, T=1).")
+    clip_eps: float = Field(0.2, gt=0, lt=1, description="PPO clip range below (and above, unless clip_eps_high).")
+    clip_eps_high: float | None = Field(None, gt=0, description="Upper clip range (DAPO clip-higher); None: clip_eps.")
+    kl_coef: float = Field(0.0, ge=0, description="Weight of the k3 KL penalty to the reference policy.")
+    use_reference: bool = Field(False, description="Keep a frozen copy of the initial policy for the KL term.")
+    loss_agg: str = Field("token_mean", description="Loss aggregation: 'token_mean' (DAPO) or 'seq_mean'.")
+    seed: int = Field(0, ge=0, description="Seeds torch's global RNG when the trainer is built.")
+    backend: Literal["auto", "gloo", "nccl"] = Field("auto", description="'auto': nccl with CUDA, gloo on CPU.")
+
+    @field_validator("betas")
+    @classmethod
+    def _check_betas(cls, betas: tuple[float, float]) -> tuple[float, float]:
+        if not all(0 <= beta < 1 for beta in betas):
+            raise ValueError(f"each beta must be in [0, 1), got {betas}")
+        return betas
+
+    @field_validator("loss_agg")
+    @classmethod
+    def _check_loss_agg(cls, name: str) -> str:
+        if name not in LOSS_AGGREGATIONS:
+            raise ValueError(f"unknown loss aggregation {name!r}; expected one of: {', '.join(LOSS_AGGREGATIONS)}")
+        return name
+
+    @model_validator(mode="after")
+    def _check_kl(self) -> TrainerConfig:
+        if self.kl_coef > 0 and not self.use_reference:
+            raise ValueError("kl_coef > 0 needs use_reference: true (the KL is measured to the reference policy)")
+        return self
+
+
+@dataclass(frozen=True)
+class RolloutBatch:
+    """What one GRPO update consumes: per sample, its prompt, its output and the rollout's view of it."""
+
+    prompt_token_ids: list[list[int]]
+    output_token_ids: list[list[int]]
+    old_logprobs: list[list[float]]  # rollout engine's log softmax(logits / T) of each output token
+    advantages: list[float]  # one per sample
+
+    def __post_init__(self) -> None:
+        num = len(self.prompt_token_ids)
+        if not num:
+            raise ValueError("RolloutBatch is empty")
+        if not len(self.output_token_ids) == len(self.old_logprobs) == len(self.advantages) == num:
+            raise ValueError("RolloutBatch fields must have one entry per sample")
+        for index, (prompt, output, logprobs) in enumerate(
+                zip(self.prompt_token_ids, self.output_token_ids, self.old_logprobs)):
+            if not prompt:
+                raise ValueError(f"sample {index}: empty prompt (the first output token needs a context)")
+            if len(logprobs) != len(output):
+                raise ValueError(f"sample {index}: {len(logprobs)} logprobs for {len(output)} output tokens")
+
+    def __len__(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return sum(len(output) for output in self.output_token_ids)
+
+    def select(self, rows: range) -> RolloutBatch:
+        """The samples at `rows`, as a batch."""
+        return RolloutBatch([self.prompt_token_ids[i] for i in rows], [self.output_token_ids[i] for i in rows],
+                            [self.old_logprobs[i] for i in rows], [self.advantages[i] for i in rows])
+
+    @classmethod
+    def make_dummy(cls, num_samples: int = 4, vocab_size: int = 256, seed: int = 0) -> RolloutBatch:
+        """Random prompts/outputs of varied lengths, zero logprobs, advantages of both signs."""
+        gen = torch.Generator().manual_seed(seed)
+        prompts, outputs = [], []
+        for index in range(num_samples):
+            prompts.append(torch.randint(vocab_size, (2 + index % 3,), generator=gen).tolist())
+            outputs.append(torch.randint(vocab_size, (3 + (index * 2) % 5,), generator=gen).tolist())
+        advantages = [(-1.0) ** index * (1 + index) / num_samples for index in range(num_samples)]
+        return cls(prompts, outputs, [[0.0] * len(out) for out in outputs], advantages)
+
+
+@dataclass(frozen=True)
+class _MicroBatch:
+    """Right-padded tensors of a micro-batch; O is the longest output."""
+
+    input_ids: torch.Tensor  # [B, L] prompt + output, right-padded
+    attention_mask: torch.Tensor  # [B, L]
+    logit_positions: torch.Tensor  # [B, O] position whose logits predict output token j
+    output_ids: torch.Tensor  # [B, O]
+    mask: torch.Tensor  # [B, O] 1 for real output tokens
+    old_logprobs: torch.Tensor  # [B, O]
+    advantages: torch.Tensor  # [B]
+
+
+def collate(batch: RolloutBatch, device: torch.device | str = "cpu") -> _MicroBatch:
+    """Right-pad prompt + output rows and align output tokens with the logits that predict them."""
+    lengths = [len(p) + len(o) for p, o in zip(batch.prompt_token_ids, batch.output_token_ids)]
+    width, out_width = max(lengths), max(1, max(len(o) for o in batch.output_token_ids))
+    rows = len(batch)
+    input_ids = torch.zeros(rows, width, dtype=torch.long)
+    attention_mask = torch.zeros(rows, width, dtype=torch.long)
+    positions = torch.zeros(rows, out_width, dtype=torch.long)
+    output_ids = torch.zeros(rows, out_width, dtype=torch.long)
+    mask = torch.zeros(rows, out_width)
+    old = torch.zeros(rows, out_width)
+    for row, (prompt, output, logprobs) in enumerate(
+            zip(batch.prompt_token_ids, batch.output_token_ids, batch.old_logprobs)):
+        num_out = len(output)
+        input_ids[row, :lengths[row]] = torch.tensor(prompt + output)
+        attention_mask[row, :lengths[row]] = 1
+        positions[row, :num_out] = torch.arange(len(prompt) - 1, len(prompt) - 1 + num_out)
+        output_ids[row, :num_out] = torch.tensor(output, dtype=torch.long)
+        mask[row, :num_out] = 1
+        old[row, :num_out] = torch.tensor(logprobs, dtype=torch.float32)
+    tensors = (input_ids, attention_mask, positions, output_ids, mask, old, torch.tensor(batch.advantages))
+    return _MicroBatch(*(t.to(device) for t in tensors))
+
+
+def output_logprobs(model: nn.Module, micro: _MicroBatch, temperature: float,
+                    with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Logprobs [B, O] of the output tokens under `model` (and their entropies [B, O] if asked)."""
+    logits = model(input_ids=micro.input_ids, attention_mask=micro.attention_mask, use_cache=False).logits
+    index = micro.logit_positions[..., None].expand(-1, -1, logits.shape[-1])  # [B, O, V]
+    picked = logits.gather(1, index)  # [B, O, V]
+    logprobs = token_logprobs_from_logits(picked, micro.output_ids, temperature)
+    if not with_entropy:
+        return logprobs, None
+    with torch.no_grad():
+        return logprobs, entropy_from_logits(picked, temperature)
+
+
+def check_device_support(cfg: TrainerConfig, cuda_available: bool | None = None) -> None:
+    """Refuse settings this machine cannot run, before any work (fp16 needs a GPU)."""
+    cuda = torch.cuda.is_available() if cuda_available is None else cuda_available
+    if cfg.dtype == "float16" and not cuda:
+        raise TrainerConfigError(
+            "trainer.dtype: 'float16' cannot run on CPU: DeepSpeed's fp16 training (loss scaling, fused "
+            "fp16 optimizer) needs a GPU. Use dtype 'bfloat16' or 'float32' on CPU.")
+    if cfg.backend == "nccl" and not cuda:
+        raise TrainerConfigError("trainer.backend: 'nccl' needs CUDA; use 'auto' or 'gloo' on CPU.")
+
+
+def resolve_backend(backend: str) -> str:
+    """'auto' -> 'nccl' with CUDA, 'gloo' otherwise."""
+    if backend != "auto":
+        return backend
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def init_distributed(backend: str) -> None:
+    """Join (or create) the process group; a lone process becomes rank 0 of 1. Safe to call repeatedly."""
+    on_cpu = not torch.cuda.is_available()
+    if on_cpu:
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # read when deepspeed resolves its accelerator
+    for name, value in _SINGLE_PROCESS_ENV.items():
+        os.environ.setdefault(name, value)
+    if "MASTER_PORT" not in os.environ:
+        os.environ["MASTER_PORT"] = str(_free_port())
+    import deepspeed
+
+    if on_cpu:  # otherwise init JIT-compiles this op (~70 s on 2 cores), for a single process too
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    deepspeed.init_distributed(dist_backend=resolve_backend(backend))  # no-op once initialised
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def deepspeed_config(cfg: TrainerConfig) -> dict[str, Any]:
+    """The DeepSpeed config for `cfg`: the client owns the accumulation boundary (one step per batch)."""
+    return {
+        "train_micro_batch_size_per_gpu": cfg.micro_batch_size,
+        "gradient_accumulation_steps": 1,
+        "managed_gradient_accumulation": False,  # backward() accumulates, each step() is one update
+        "gradient_clipping": cfg.grad_clip,
+        "zero_optimization": {"stage": cfg.zero_stage},
+        "bf16": {"enabled": cfg.dtype == "bfloat16"},
+        "fp16": {"enabled": cfg.dtype == "float16"},
+        "steps_per_print": 2**31 - 1,
+        "wall_clock_breakdown": False,
+    }
+
+
+class PolicyTrainer:
+    """GRPO updates of `model` (an HF causal LM) on a DeepSpeed engine.
+
+    The trainer takes ownership of `model`: it is cast to `cfg.dtype` and wrapped (under ZeRO-3,
+    partitioned) in place. Every rank of a multi-process group must make the same calls.
+    """
+
+    def __init__(self, model: nn.Module, cfg: TrainerConfig) -> None:
+        check_device_support(cfg)
+        self.cfg = cfg
+        torch.manual_seed(cfg.seed)
+        init_distributed(cfg.backend)
+        import deepspeed
+
+        model = model.to(_DTYPES[cfg.dtype]).train()
+        self.reference = copy.deepcopy(model).eval().requires_grad_(False) if cfg.use_reference else None
+        params = [p for p in model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+        self.engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=deepspeed_config(cfg))
+        if self.reference is not None:
+            self.reference.to(self.engine.device)
+
+    @property
+    def module(self) -> nn.Module:
+        """The wrapped HF model (under ZeRO-3 its parameters are partitioned)."""
+        return self.engine.module
+
+    def step(self, batch: RolloutBatch) -> dict[str, float]:
+        """One optimizer update on `batch`; returns loss, pg_loss, kl, clip_fraction, grad_norm, lr, tokens, ..."""
+        total = self._aggregation_count(batch)
+        if total == 0:
+            raise ValueError("RolloutBatch has no output tokens to train on")
+        self.engine.train()
+        sums: dict[str, float] = {}
+        for part in self._micro_batches(batch):
+            weight = self._aggregation_count(part) / total  # micro-batch mean -> its share of the batch mean
+            loss, metrics = self._micro_loss(collate(part, self.engine.device))
+            self.engine.backward(loss * weight, scale_wrt_gas=False)
+            for name, value in metrics.items():
+                sums[name] = sums.get(name, 0.0) + weight * value
+        grad_norm = self._local_grad_norm()
+        self.engine.step()
+        engine_norm = self.engine.get_global_grad_norm()
+        grad_norm = float(engine_norm) if engine_norm is not None else grad_norm
+        return {**sums, "grad_norm": grad_norm, "lr": float(self.engine.get_lr()[0]),
+                "tokens": float(batch.num_output_tokens), "sequences": float(len(batch))}
+
+    @torch.no_grad()
+    def logprobs(self, batch: RolloutBatch) -> list[list[float]]:
+        """Logprobs of every output token under the current weights (temperature-scaled like the engine)."""
+        self.engine.eval()
+        rows: list[list[float]] = []
+        for part in self._micro_batches(batch):
+            logprobs, _ = output_logprobs(self.engine, collate(part, self.engine.device), self.cfg.temperature)
+            rows.extend(row[:len(out)] for row, out in zip(logprobs.tolist(), part.output_token_ids))
+        return rows
+
+    def state_dict_for_sync(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Full weights as (HF parameter name, CPU tensor) pairs, gathered one at a time under ZeRO-3."""
+        for name, param in self.module.named_parameters():
+            with self._gathered([param]):
+                yield name, param.detach().to("cpu", copy=True)
+
+    def save_checkpoint(self, directory: str | Path) -> Path:
+        """Write `model.safetensors` + config.json to `directory` atomically; return the directory.
+
+        Written to a temporary sibling, fsynced, then renamed into place: a crash at any point leaves
+        the previous checkpoint (at this or any other path) complete and loadable.
+        """
+        directory = Path(directory)
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        staging = directory.with_name(f".{directory.name}.tmp-{uuid.uuid4().hex[:8]}")
+        state = dict(self.state_dict_for_sync())  # every rank takes part in the ZeRO-3 gathers
+        if torch.distributed.get_rank() == 0:
+            try:
+                self.module.save_pretrained(staging, state_dict=state)
+                _fsync_tree(staging)
+                _replace_dir(staging, directory)
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+        torch.distributed.barrier()
+        logger.info("saved checkpoint %s", directory)
+        return directory
+
+    @torch.no_grad()
+    def load_checkpoint(self, directory: str | Path) -> None:
+        """Load weights written by `save_checkpoint` into the policy (and the optimizer's master copy)."""
+        tensors = load_file(str(checkpoint_dir(directory) / WEIGHTS_NAME))
+        pairs = _match_parameters(self.module, tensors)
+        with self._gathered([param for param, _ in pairs], modifier_rank=0):
+            for param, tensor in pairs:
+                param.copy_(tensor.to(param.dtype))
+        if hasattr(self.engine.optimizer, "refresh_fp32_params"):
+            self.engine.optimizer.refresh_fp32_params()  # ZeRO/bf16 keep their own fp32 master weights
+
+    def _micro_batches(self, batch: RolloutBatch) -> Iterator[RolloutBatch]:
+        size = self.cfg.micro_batch_size
+        for start in range(0, len(batch), size):
+            yield batch.select(range(start, min(start + size, len(batch))))
+
+    def _micro_loss(self, micro: _MicroBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        new_logprobs, entropy = output_logprobs(self.engine, micro, self.cfg.temperature, with_entropy=True)
+        ref_logprobs = None
+        if self.reference is not None:
+            with torch.no_grad():
+                ref_logprobs, _ = output_logprobs(self.reference, micro, self.cfg.temperature)
+        return grpo_loss(new_logprobs, micro.old_logprobs, micro.advantages, micro.mask,
+                         clip_eps=self.cfg.clip_eps, clip_eps_high=self.cfg.clip_eps_high,
+                         ref_logprobs=ref_logprobs, kl_coef=self.cfg.kl_coef, loss_agg=self.cfg.loss_agg,
+                         entropy=entropy)
+
+    def _aggregation_count(self, batch: RolloutBatch) -> int:
+        """What the loss mean divides by: output tokens (token_mean) or sequences with any (seq_mean)."""
+        if self.cfg.loss_agg == "seq_mean":
+            return sum(1 for output in batch.output_token_ids if output)
+        return batch.num_output_tokens
+
+    def _local_grad_norm(self) -> float:
+        """Gradient norm from `.grad` (ZeRO-0 keeps full grads there and does not report its norm)."""
+        if self.cfg.zero_stage > 0:
+            return float("nan")
+        norms = [torch.linalg.vector_norm(p.grad.float()) for p in self.module.parameters() if p.grad is not None]
+        return float(torch.linalg.vector_norm(torch.stack(norms))) if norms else 0.0
+
+    def _gathered(self, params: list[nn.Parameter], modifier_rank: int | None = None):
+        if self.cfg.zero_stage < 3:
+            return contextlib.nullcontext()
+        import deepspeed
+
+        return deepspeed.zero.GatheredParameters(params, modifier_rank=modifier_rank)
+
+
+def checkpoint_dir(directory: str | Path) -> Path:
+    """`directory`, or its backup if a crash interrupted the swap that replaces it."""
+    directory = Path(directory)
+    backup = directory.with_name(directory.name + BACKUP_SUFFIX)
+    if not directory.exists() and backup.exists():
+        logger.warning("checkpoint %s is missing; using the previous one at %s", directory, backup)
+        return backup
+    if not (directory / WEIGHTS_NAME).is_file():
+        raise FileNotFoundError(f"no checkpoint at {directory} (expected {WEIGHTS_NAME})")
+    return directory
+
+
+def _match_parameters(module: nn.Module, tensors: dict[str, torch.Tensor]) -> list[tuple[nn.Parameter, torch.Tensor]]:
+    """Pair each parameter with its tensor (tied parameters may be stored under any of their names)."""
+    names_of: dict[int, list[str]] = {}
+    params: dict[int, nn.Parameter] = {}
+    for name, param in module.named_parameters(remove_duplicate=False):
+        names_of.setdefault(id(param), []).append(name)
+        params[id(param)] = param
+    unknown = set(tensors) - {name for names in names_of.values() for name in names}
+    if unknown:
+        raise KeyError(f"checkpoint has weights the model does not: {sorted(unknown)[:5]}")
+    pairs = []
+    for key, names in names_of.items():
+        stored = next((name for name in names if name in tensors), None)
+        if stored is None:
+            raise KeyError(f"checkpoint lacks weight {names[0]!r}")
+        shape = getattr(params[key], "ds_shape", params[key].shape)  # ZeRO-3 params are empty until gathered
+        if tuple(tensors[stored].shape) != tuple(shape):
+            raise ValueError(f"weight {stored!r}: shape {tuple(tensors[stored].shape)} != {tuple(shape)}")
+        pairs.append((params[key], tensors[stored]))
+    return pairs
+
+
+def _fsync_tree(directory: Path) -> None:
+    """Flush every file of `directory` and the directory itself to disk."""
+    for path in directory.iterdir():
+        with path.open("rb") as handle:
+            os.fsync(handle.fileno())
+    _fsync_dir(directory)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _replace_dir(staging: Path, directory: Path) -> None:
+    """Rename `staging` to `directory`; an existing `directory` is moved aside first, then deleted."""
+    backup = directory.with_name(directory.name + BACKUP_SUFFIX)
+    if directory.exists():
+        shutil.rmtree(backup, ignore_errors=True)  # left by an earlier swap that completed
+        os.rename(directory, backup)
+    os.rename(staging, directory)
+    _fsync_dir(directory.parent)
+    shutil.rmtree(backup, ignore_errors=True)

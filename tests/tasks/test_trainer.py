@@ -1,0 +1,293 @@
+"""PolicyTrainer on DeepSpeed (one CPU process, gloo) with tiny random models.
+
+Every trainer in this module shares one process group; DeepSpeed is initialised once.
+"""
+
+import math
+import os
+
+import pytest
+import torch
+from pydantic import ValidationError
+from transformers import AutoModelForCausalLM
+
+import tasks.trainer as trainer_module
+from tasks.grpo import group_advantages, grpo_loss
+from tasks.trainer import (
+    PolicyTrainer,
+    RolloutBatch,
+    TrainerConfig,
+    TrainerConfigError,
+    collate,
+    output_logprobs,
+)
+from tests.fixtures.tiny_models import EOS_ID, make_tiny_model
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Someone may be benchmarking on this machine: keep the trainer tests on one core."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _trainer(seed: int = 0, **overrides) -> PolicyTrainer:
+    settings = {"lr": 1e-3, "zero_stage": 2, "micro_batch_size": 4, **overrides}
+    return PolicyTrainer(make_tiny_model("llama", seed=seed), TrainerConfig(**settings))
+
+
+def _weights(trainer: PolicyTrainer) -> dict[str, torch.Tensor]:
+    return dict(trainer.state_dict_for_sync())
+
+
+def _on_policy(trainer: PolicyTrainer, batch: RolloutBatch) -> RolloutBatch:
+    """`batch` with the trainer's own logprobs as the rollout logprobs (ratio 1 at the first update)."""
+    return RolloutBatch(batch.prompt_token_ids, batch.output_token_ids, trainer.logprobs(batch), batch.advantages)
+
+
+def test_config_errors_name_the_field():
+    with pytest.raises(ValidationError, match="lr"):
+        TrainerConfig(lr=0)
+    with pytest.raises(ValidationError, match="zero_stage"):
+        TrainerConfig(zero_stage=4)
+    with pytest.raises(ValidationError, match="learning_rate"):
+        TrainerConfig(learning_rate=1e-3)
+    with pytest.raises(ValidationError, match="use_reference"):
+        TrainerConfig(kl_coef=0.1)
+    with pytest.raises(ValidationError, match="loss_agg"):
+        TrainerConfig(loss_agg="sum")
+    with pytest.raises(ValidationError, match="dtype"):
+        TrainerConfig(dtype="float8")
+    assert TrainerConfig(lr="1e-3", betas=[0.9, 0.95]).betas == (0.9, 0.95)  # YAML-style input coerces
+
+
+def test_fp16_on_cpu_is_refused_before_any_work(monkeypatch):
+    def no_work(*args, **kwargs):
+        raise AssertionError("DeepSpeed was initialised before the fp16 check")
+
+    monkeypatch.setattr(trainer_module, "init_distributed", no_work)
+    model = make_tiny_model("llama", seed=0)
+    before = next(model.parameters()).dtype
+    with pytest.raises(TrainerConfigError, match="float16") as excinfo:
+        PolicyTrainer(model, TrainerConfig(dtype="float16"))
+    message = str(excinfo.value)
+    assert "cannot run on CPU" in message and "bfloat16" in message and "float32" in message
+    assert next(model.parameters()).dtype == before  # the model was not touched either
+
+
+@pytest.mark.parametrize("zero_stage", [0, 2, 3])
+def test_one_update_changes_every_trainable_parameter(zero_stage):
+    trainer = _trainer(zero_stage=zero_stage, micro_batch_size=3)
+    batch = _on_policy(trainer, RolloutBatch.make_dummy(num_samples=6))
+    assert min(batch.advantages) < 0 < max(batch.advantages)
+    before = _weights(trainer)
+    metrics = trainer.step(batch)
+    after = _weights(trainer)
+    assert all(after[name].shape == p.shape for name, p in make_tiny_model("llama").named_parameters())
+    assert before.keys() == after.keys() == {n for n, p in trainer.module.named_parameters() if p.requires_grad}
+    unchanged = [name for name in before if torch.equal(before[name], after[name])]
+    assert not unchanged, f"ZeRO-{zero_stage}: parameters not updated: {unchanged}"
+    expected_keys = {"loss", "pg_loss", "kl", "clip_fraction", "grad_norm", "lr", "tokens", "ratio_mean", "entropy"}
+    assert expected_keys <= set(metrics)
+    assert metrics["tokens"] == batch.num_output_tokens
+    assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-6)  # on-policy: old == new logprobs
+    assert metrics["clip_fraction"] == 0.0
+    assert math.isfinite(metrics["grad_norm"]) and metrics["grad_norm"] > 0
+    assert metrics["lr"] == pytest.approx(1e-3)
+
+
+@pytest.mark.parametrize("loss_agg", ["token_mean", "seq_mean"])
+def test_update_equals_a_plain_torch_adamw_step_on_the_whole_batch(loss_agg):
+    """Micro-batches of 2 (uneven tail), ZeRO-2 and clipping == one full-batch step of torch AdamW."""
+    settings = {"lr": 1e-3, "weight_decay": 0.01, "betas": (0.9, 0.95), "grad_clip": 0.5, "temperature": 0.8,
+                "loss_agg": loss_agg}
+    trainer = _trainer(seed=3, micro_batch_size=2, **settings)
+    batch = RolloutBatch.make_dummy(num_samples=5, seed=1)
+    batch = RolloutBatch(batch.prompt_token_ids, batch.output_token_ids,
+                         [[lp + 0.3 * (i % 3 - 1) for i, lp in enumerate(row)] for row in trainer.logprobs(batch)],
+                         batch.advantages)  # off-policy enough to clip a few tokens
+    metrics = trainer.step(batch)
+
+    model = make_tiny_model("llama", seed=3).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.01)
+    micro = collate(batch)
+    logprobs, _ = output_logprobs(model, micro, temperature=0.8)
+    loss, expected = grpo_loss(logprobs, micro.old_logprobs, micro.advantages, micro.mask, loss_agg=loss_agg)
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+    optimizer.step()
+
+    assert expected["clip_fraction"] > 0
+    for name in ("loss", "pg_loss", "clip_fraction", "ratio_mean"):
+        assert metrics[name] == pytest.approx(expected[name], abs=1e-6), name
+    assert metrics["grad_norm"] == pytest.approx(grad_norm.item(), rel=1e-5)
+    trained = _weights(trainer)
+    for name, param in model.named_parameters():
+        torch.testing.assert_close(trained[name], param.detach(), atol=2e-6, rtol=0, msg=name)
+
+
+def test_recomputed_logprobs_equal_a_plain_forward_per_sample():
+    trainer = _trainer(seed=1, micro_batch_size=3, temperature=0.7)
+    batch = RolloutBatch.make_dummy(num_samples=5, seed=2)
+    got = trainer.logprobs(batch)
+    model = make_tiny_model("llama", seed=1)
+    for row, (prompt, output) in enumerate(zip(batch.prompt_token_ids, batch.output_token_ids)):
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([prompt + output])).logits[0]  # [L, V], no padding
+        logp = torch.log_softmax(logits[len(prompt) - 1:-1] / 0.7, dim=-1)
+        expected = logp.gather(-1, torch.tensor(output)[:, None]).squeeze(-1)
+        assert len(got[row]) == len(output)
+        torch.testing.assert_close(torch.tensor(got[row]), expected, atol=1e-5, rtol=0)
+
+
+def test_bf16_zero2_update_runs_and_keeps_bf16_weights():
+    """bf16 weights are rounded copies of fp32 master weights: an lr of 1e-3 does not move a norm
+    weight near 1.0 (bf16 spacing there is 2^-7), so 'every parameter changed' is an fp32 check."""
+    trainer = _trainer(seed=0, dtype="bfloat16")
+    batch = _on_policy(trainer, RolloutBatch.make_dummy(num_samples=4))
+    metrics = trainer.step(batch)
+    assert all(math.isfinite(metrics[k]) for k in ("loss", "grad_norm"))
+    assert {t.dtype for _, t in trainer.state_dict_for_sync()} == {torch.bfloat16}
+
+
+def test_kl_to_the_reference_starts_at_zero_and_grows():
+    trainer = _trainer(seed=0, use_reference=True, kl_coef=0.1, lr=1e-2)
+    batch = _on_policy(trainer, RolloutBatch.make_dummy(num_samples=4))
+    assert trainer.step(batch)["kl"] == 0.0
+    assert trainer.step(batch)["kl"] > 0.0
+
+
+def _target_mass(model: torch.nn.Module, prompts: torch.Tensor, targets: torch.Tensor) -> float:
+    """Expected reward: mean over prompts of P(first output token in targets)."""
+    with torch.no_grad():
+        probs = torch.softmax(model(input_ids=prompts).logits[:, -1].float(), dim=-1)  # [P, V]
+    return probs[:, targets].sum(-1).mean().item()
+
+
+def test_grpo_learns_to_emit_a_target_token():
+    """Toy verifiable task: reward 1 iff the first sampled token is an uppercase letter (26 of 261 tokens).
+
+    The expected reward is measured exactly (softmax mass on the targets), not sampled, so the
+    thresholds are deterministic for the seeds; 4 prompts x 8 samples per step. Seen: 0.11 -> 0.92
+    in 12 steps (seeds 1-4 of this set-up needed 8-11 steps).
+    """
+    model = make_tiny_model("llama", seed=0, init_range=0.1)  # less peaky than the default 0.3
+    trainer = PolicyTrainer(model, TrainerConfig(lr=1e-2, zero_stage=2, micro_batch_size=16))
+    gen = torch.Generator().manual_seed(0)
+    prompts = torch.randint(0, 256, (4, 5), generator=gen)
+    targets = torch.arange(ord("A"), ord("Z") + 1)
+    history = [_target_mass(trainer.module, prompts, targets)]
+    group_size, max_steps = 8, 30
+    for _ in range(max_steps):
+        trainer.step(_sample_batch(trainer, prompts, targets, group_size, gen))
+        history.append(_target_mass(trainer.module, prompts, targets))
+        if history[-1] > 0.8:
+            break
+    assert history[0] < 0.2 and history[-1] > 0.8, f"expected reward per step: {[round(r, 3) for r in history]}"
+
+
+def _sample_batch(trainer: PolicyTrainer, prompts: torch.Tensor, targets: torch.Tensor, group_size: int,
+                  gen: torch.Generator, num_tokens: int = 2) -> RolloutBatch:
+    """Sample `group_size` completions per prompt at T = 1 and score them (reward on the first token)."""
+    sequences = prompts.repeat_interleave(group_size, dim=0)  # [P * G, S]
+    with torch.no_grad():
+        for _ in range(num_tokens):
+            logits = trainer.module(input_ids=sequences).logits[:, -1].float()
+            next_ids = torch.multinomial(torch.softmax(logits, -1), 1, generator=gen)
+            sequences = torch.cat([sequences, next_ids], dim=1)
+    outputs = sequences[:, prompts.shape[1]:]
+    rewards = torch.isin(outputs[:, 0], targets).float()
+    advantages = group_advantages(rewards, group_size)
+    batch = RolloutBatch(prompts.repeat_interleave(group_size, 0).tolist(), outputs.tolist(),
+                         [[0.0] * num_tokens] * len(outputs), advantages.tolist())
+    return _on_policy(trainer, batch)
+
+
+@pytest.mark.parametrize("zero_stage", [0, 2, 3])
+def test_checkpoint_roundtrip_is_bit_exact(tmp_path, zero_stage):
+    source = _trainer(seed=0, zero_stage=zero_stage)
+    batch = _on_policy(source, RolloutBatch.make_dummy(num_samples=4))
+    source.step(batch)
+    path = source.save_checkpoint(tmp_path / "step-1")
+    assert (path / "model.safetensors").is_file() and (path / "config.json").is_file()
+    assert [p.name for p in tmp_path.iterdir()] == ["step-1"]  # no staging directory left behind
+
+    target = _trainer(seed=5, lr=1e-12, zero_stage=zero_stage)  # other weights, an lr too small to move them
+    target.load_checkpoint(path)
+    expected = _weights(source)
+    loaded = _weights(target)
+    assert all(torch.equal(expected[name], loaded[name]) for name in expected)
+    assert target.logprobs(batch) == source.logprobs(batch)
+    target.step(batch)  # ZeRO keeps its own fp32 master weights: the load must have refreshed them
+    moved = max((w - expected[n]).abs().max().item() for n, w in _weights(target).items())
+    assert moved < 1e-9
+
+    hf = AutoModelForCausalLM.from_pretrained(path)
+    assert all(torch.equal(p, expected[n]) for n, p in hf.named_parameters())
+    assert hf.config.eos_token_id == EOS_ID
+
+
+def test_crash_while_writing_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    trainer = _trainer(seed=0)
+    batch = _on_policy(trainer, RolloutBatch.make_dummy(num_samples=4))
+    path = trainer.save_checkpoint(tmp_path / "latest")
+    saved = _weights(trainer)
+    trainer.step(batch)
+
+    def crash(directory):
+        (directory / "model.safetensors").write_bytes(b"half a file")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(trainer_module, "_fsync_tree", crash)
+    with pytest.raises(OSError, match="disk full"):
+        trainer.save_checkpoint(path)
+    monkeypatch.undo()
+    assert [p.name for p in tmp_path.iterdir()] == ["latest"]
+
+    reader = _trainer(seed=7)
+    reader.load_checkpoint(path)
+    assert all(torch.equal(saved[name], tensor) for name, tensor in reader.state_dict_for_sync())
+
+
+def test_crash_during_the_swap_falls_back_to_the_previous_checkpoint(tmp_path, monkeypatch):
+    trainer = _trainer(seed=0)
+    path = trainer.save_checkpoint(tmp_path / "latest")
+    saved = _weights(trainer)
+    trainer.step(_on_policy(trainer, RolloutBatch.make_dummy(num_samples=4)))
+    real_rename = os.rename
+    calls = []
+
+    def rename_then_die(src, dst):
+        calls.append(dst)
+        if len(calls) == 2:  # the old checkpoint has been moved aside; the new one is not in place
+            raise KeyboardInterrupt
+        real_rename(src, dst)
+
+    monkeypatch.setattr(trainer_module.os, "rename", rename_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        trainer.save_checkpoint(path)
+    monkeypatch.undo()
+    assert not path.exists()
+
+    reader = _trainer(seed=7)
+    reader.load_checkpoint(path)  # finds the backup
+    assert all(torch.equal(saved[name], tensor) for name, tensor in reader.state_dict_for_sync())
+    trainer.save_checkpoint(path)  # the next save completes and clears the backup
+    assert [p.name for p in tmp_path.iterdir()] == ["latest"]
+
+
+def test_a_batch_without_output_tokens_is_refused():
+    trainer = _trainer(seed=0)
+    with pytest.raises(ValueError, match="no output tokens"):
+        trainer.step(RolloutBatch([[1, 2], [3]], [[], []], [[], []], [1.0, -1.0]))
+
+
+def test_rollout_batch_is_validated():
+    with pytest.raises(ValueError, match="2 logprobs for 3 output tokens"):
+        RolloutBatch([[1]], [[1, 2, 3]], [[0.0, 0.0]], [1.0])
+    with pytest.raises(ValueError, match="one entry per sample"):
+        RolloutBatch([[1], [2]], [[1]], [[0.0]], [1.0])
+    with pytest.raises(ValueError, match="empty prompt"):
+        RolloutBatch([[]], [[1]], [[0.0]], [1.0])
