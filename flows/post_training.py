@@ -7,13 +7,14 @@ Resuming: the flow starts at the first step that is not complete (tasks.run_dir)
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any, Sequence
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
-from tasks.pipeline import acceptance_alarms, load_prompts, run_rollout, score_rewards, sync_weights, update_policy
+from tasks.pipeline import DrafterCollapseWarning, acceptance_alarms, load_prompts, run_rollout, score_rewards, sync_weights, update_policy
 from tasks.run_dir import RunDir, atomic_write_text
 
 
@@ -44,6 +45,8 @@ def post_training(config_path: str | None = None, overrides: Sequence[str] = (),
         for step in range(first, config.train.steps + 1):
             metrics = _run_step(root, step)
             for alarm in acceptance_alarms(history.get(step - 1), metrics, config.train.drafter_sync.collapse_ratio):
+                logger.warning("drafter acceptance collapsed: %s", alarm)
+                warnings.warn(f"drafter acceptance collapsed: {alarm}", DrafterCollapseWarning, stacklevel=1)
                 tracker.alert("drafter acceptance collapsed", alarm)
                 metrics.setdefault("alarms", []).append(alarm)
             run.write_metrics(step, metrics)

@@ -71,6 +71,8 @@ def distill_on_rollouts(model: nn.Module, sequences: Sequence[tuple[list[int], l
             losses.append(loss.item())
     finally:
         model.eval().requires_grad_(False)
+    if not losses:
+        return {"distill_steps": 0.0}
     logger.info("distilled drafter for %d steps: loss %.3f -> %.3f", len(losses), losses[0], losses[-1])
     return {"distill_steps": float(len(losses)), "distill_loss_first": losses[0], "distill_loss_last": losses[-1],
             "distill_seconds": time.perf_counter() - started}

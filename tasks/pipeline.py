@@ -18,6 +18,11 @@ from tasks.run_dir import RunDir, read_jsonl, write_jsonl
 from tasks.runtime import RunHost, get_host, set_host
 
 ACCEPTANCE_FLOOR = 0.05  # below this a drafter was useless already; no collapse alarm
+MIN_DRAFTED_FOR_ALARM = 32  # fewer drafted tokens in a step make its acceptance rate too noisy to judge
+
+
+class DrafterCollapseWarning(UserWarning):
+    """A drafter's acceptance collapsed after a weight sync (it is now pure overhead)."""
 
 
 def _logger() -> logging.Logger | logging.LoggerAdapter:
@@ -136,6 +141,7 @@ def run_rollout(run_root: str, step: int) -> dict[str, Any]:
     for name, drafted in stats.drafted_per_drafter.items():
         metrics[f"drafter/{name}/acceptance_rate"] = stats.accepted_per_drafter.get(name, 0) / max(drafted, 1)
         metrics[f"drafter/{name}/share"] = drafted / max(stats.drafted_tokens, 1)
+        metrics[f"drafter/{name}/drafted"] = drafted
     for name, version in drafter_versions.items():
         metrics[f"drafter/{name}/version"] = version
     return metrics
@@ -211,6 +217,7 @@ def update_policy(run_root: str, step: int) -> dict[str, Any]:
     )
     metrics = host.trainer.step(batch)
     host.trainer.save_checkpoint(run.checkpoint(step))
+    host.tokenizer.save_pretrained(run.checkpoint(step))  # a checkpoint is a complete HF model directory
     (run.checkpoint(step) / "COMPLETE").write_text("ok\n")
     return {f"train/{key}": float(value) for key, value in metrics.items()}
 
@@ -253,14 +260,16 @@ def refresh_drafters(host: RunHost, records: list[dict[str, Any]], version: int)
 
 
 def _restore_engine(host: RunHost, run: RunDir, version: int) -> None:
-    """Reload the engine's target from checkpoint v<version> (or the initial model)."""
+    """Reload the engine's target from checkpoint v<version> (v0: the initial model)."""
     from safetensors.torch import load_file
 
-    if version == 0:
-        _logger().error("sync failed; the engine keeps version 0 weights only if they were not touched")
-        return
-    weights = load_file(run.checkpoint(version) / "model.safetensors")
+    from specactor_engine.models import resolve_model
+
+    model = host.config.model
+    source = run.checkpoint(version) if version else resolve_model(model.target, model.dtype, model.cache_dir)
+    weights = load_file(Path(source) / "model.safetensors")
     host.engine.update_weights(weights.items(), version=version)
+    _logger().error("sync to the new policy failed; the engine is back at policy v%d", version)
 
 
 def acceptance_alarms(previous: dict[str, Any] | None, current: dict[str, Any], ratio: float) -> list[str]:
@@ -269,8 +278,12 @@ def acceptance_alarms(previous: dict[str, Any] | None, current: dict[str, Any], 
         return []
     alarms = []
     for key, value in current.items():
-        if key.startswith("drafter/") and key.endswith("/acceptance_rate"):
-            before = previous.get(key)
-            if before is not None and before >= ACCEPTANCE_FLOOR and value < ratio * before:
-                alarms.append(f"{key.split('/')[1]}: acceptance {before:.2f} -> {value:.2f} after the sync")
+        if not (key.startswith("drafter/") and key.endswith("/acceptance_rate")):
+            continue
+        name = key.split("/")[1]
+        before = previous.get(key)
+        enough = min(previous.get(f"drafter/{name}/drafted", 0), current.get(f"drafter/{name}/drafted", 0))
+        if before is not None and before >= ACCEPTANCE_FLOOR and enough >= MIN_DRAFTED_FOR_ALARM \
+                and value < ratio * before:
+            alarms.append(f"{name}: acceptance {before:.2f} -> {value:.2f} after the sync")
     return alarms

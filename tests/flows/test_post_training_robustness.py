@@ -1,0 +1,122 @@
+"""Resume, crash safety, speculation switch, drafter sync and bad input of the post-training flow."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.flows.test_post_training import flow_overrides, prefect_harness, toy_reward, write_toy_dataset  # noqa: F401
+from tests.fixtures.tiny_models import save_tiny_model
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def policy_dir(tmp_path_factory):
+    return save_tiny_model(tmp_path_factory.mktemp("policy"), "llama", seed=0)
+
+
+@pytest.fixture()
+def data(tmp_path):
+    return write_toy_dataset(tmp_path / "toy.jsonl")
+
+
+def run_flow(overrides, **kwargs):
+    from flows.post_training import post_training
+
+    return post_training(config_path=None, overrides=overrides, **kwargs)
+
+
+def test_resume_does_not_recompute_a_completed_step(tmp_path, prefect_harness, toy_reward, policy_dir, data):
+    from tasks.run_dir import RunDir
+
+    run = RunDir(tmp_path / "run")
+    run_flow(flow_overrides(policy_dir, data, run.root, toy_reward, steps=1))
+    rollouts_before = run.rollouts(1).read_bytes()
+    stamp = run.rollouts(1).stat().st_mtime_ns
+    result = run_flow(flow_overrides(policy_dir, data, run.root, toy_reward, steps=2))
+    assert sorted(result["steps"]) == [1, 2]
+    assert run.rollouts(1).stat().st_mtime_ns == stamp and run.rollouts(1).read_bytes() == rollouts_before
+    assert run.latest_version() == 2
+
+
+def test_crash_mid_step_keeps_the_last_checkpoint(tmp_path, prefect_harness, toy_reward, policy_dir, data,
+                                                 monkeypatch):
+    from transformers import AutoModelForCausalLM
+
+    from tasks import trainer as trainer_module
+    from tasks.run_dir import RunDir
+
+    run = RunDir(tmp_path / "run")
+    calls = {"n": 0}
+
+    real = trainer_module.PolicyTrainer.save_checkpoint
+
+    def crash_on_second(self, directory):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("simulated crash while saving checkpoint v2")
+        return real(self, directory)
+
+    monkeypatch.setattr(trainer_module.PolicyTrainer, "save_checkpoint", crash_on_second)
+    with pytest.raises(Exception, match="simulated crash"):
+        run_flow(flow_overrides(policy_dir, data, run.root, toy_reward, steps=2))
+    assert run.latest_version() == 1 and run.next_step() == 2
+    AutoModelForCausalLM.from_pretrained(run.checkpoint(1))  # the published checkpoint loads
+    monkeypatch.setattr(trainer_module.PolicyTrainer, "save_checkpoint", real)
+    result = run_flow(flow_overrides(policy_dir, data, run.root, toy_reward, steps=2))
+    assert sorted(result["steps"]) == [1, 2] and run.latest_version() == 2
+
+
+def test_speculation_switch_keeps_first_step_rollouts_identical(tmp_path, prefect_harness, toy_reward,
+                                                                policy_dir, data):
+    from tasks.run_dir import RunDir, read_jsonl
+
+    def first_step(name, speculation):
+        run = RunDir(tmp_path / name)
+        overrides = flow_overrides(policy_dir, data, run.root, toy_reward, steps=1)
+        run_flow(overrides + [f"train.speculation={str(speculation).lower()}"])
+        return [(r["id"], r["sample"], r["token_ids"]) for r in read_jsonl(run.rollouts(1))]
+
+    assert first_step("spec", True) == first_step("plain", False)
+
+
+def test_drafter_sync_keeps_acceptance_and_broken_sync_raises_the_alarm(tmp_path, prefect_harness, toy_reward,
+                                                                      policy_dir, data, monkeypatch):
+    import tasks.pipeline
+
+    overrides = flow_overrides(policy_dir, data, tmp_path / "good", toy_reward, steps=2) + [
+        "train.optim.lr=1.0e-4", "train.drafter_sync.distill_steps=2", "train.drafter_sync.distill_lr=1.0e-5"]
+    steps = run_flow(overrides)["steps"]
+    before, after = (steps[s]["drafter/draft/acceptance_rate"] for s in (1, 2))
+    assert before > 0.5 and after >= 0.9 * before, (before, after)
+    assert "alarms" not in steps[2]
+
+    def broken_refresh(host, records, version):
+        for drafter in host.engine.drafters:
+            if hasattr(drafter, "runner"):
+                with torch.no_grad():
+                    for param in drafter.runner.model.parameters():
+                        param.copy_(torch.randn_like(param))
+            drafter.version = version
+        return {}
+
+    monkeypatch.setattr(tasks.pipeline, "refresh_drafters", broken_refresh)
+    with pytest.warns(tasks.pipeline.DrafterCollapseWarning, match="draft: acceptance"):
+        broken = run_flow(flow_overrides(policy_dir, data, tmp_path / "broken", toy_reward, steps=2))["steps"]
+    assert any(alarm.startswith("draft:") for alarm in broken[2]["alarms"])
+
+
+def test_bad_input_fails_before_any_work(tmp_path, policy_dir):
+    from flows.post_training import check_train_config
+    from specactor_engine.config import ConfigError, load_config
+    from tasks.data import DataError, PromptSource, load_prompt_dataset
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question": "2+2", "answer": "4"}\n')
+    with pytest.raises(DataError, match="prompt"):
+        load_prompt_dataset(PromptSource(kind="jsonl", path=bad))
+    with pytest.raises(ValueError, match="unknown reward"):
+        check_train_config(load_config(None, [f"model.target={policy_dir}", "train.rewards={nope: 1.0}"]))
+    with pytest.raises(ConfigError, match="float16"):
+        load_config(None, ["train.optim.dtype=float16"])
