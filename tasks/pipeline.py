@@ -32,8 +32,8 @@ def _logger() -> logging.Logger | logging.LoggerAdapter:
         return logging.getLogger("specactor.pipeline")
 
 
-def build_host(run_root: str, config: Any) -> RunHost:
-    """Engine + trainer for a run, both at the last published policy version."""
+def build_host(run_root: str, config: Any, with_trainer: bool = True) -> RunHost:
+    """Engine (+ trainer) for a run, both at the last published policy version."""
     from transformers import AutoModelForCausalLM
 
     from specactor_engine.engine import Engine
@@ -50,8 +50,9 @@ def build_host(run_root: str, config: Any) -> RunHost:
             update={"rollout": config.rollout.model_copy(update={"mode": "ar"})})
     engine = Engine.from_config(engine_config)
     engine.policy_version = version
-    policy = AutoModelForCausalLM.from_pretrained(source, dtype="float32")
-    trainer = PolicyTrainer(policy, trainer_config(config))
+    trainer = None
+    if with_trainer:
+        trainer = PolicyTrainer(AutoModelForCausalLM.from_pretrained(source, dtype="float32"), trainer_config(config))
     return set_host(run_root, RunHost(config=config, engine=engine, trainer=trainer, tokenizer=engine.tokenizer))
 
 
@@ -75,13 +76,19 @@ def prompt_source(data: Any) -> Any:
                         id_column=data.id_column)
 
 
+def run_config(run_root: str) -> Any:
+    """The resolved config the flow wrote into the run directory."""
+    host = get_host(run_root)
+    if host is not None:
+        return host.config
+    from specactor_engine.config import load_config
+
+    return load_config(Path(run_root) / "config.yaml")
+
+
 def host_for(run_root: str) -> RunHost:
     host = get_host(run_root)
-    if host is None:
-        from specactor_engine.config import load_config
-
-        host = build_host(run_root, load_config(Path(run_root) / "config.yaml"))
-    return host
+    return host if host is not None else build_host(run_root, run_config(run_root))
 
 
 @task(name="load_prompts", retries=1)
@@ -90,10 +97,9 @@ def load_prompts(run_root: str) -> dict[str, Any]:
     from tasks.data import load_prompt_dataset, train_eval_split
 
     run = RunDir(Path(run_root))
-    host = host_for(run_root)
     if run.data("train").exists():
         return {"train": str(run.data("train")), "eval": str(run.data("eval"))}
-    data_cfg = host.config.train.data
+    data_cfg = run_config(run_root).train.data
     dataset = load_prompt_dataset(prompt_source(data_cfg))
     train, evaluation = train_eval_split(dataset, data_cfg.eval_fraction, data_cfg.seed)
     write_jsonl(run.data("eval"), evaluation.to_list())
@@ -108,9 +114,8 @@ def step_requests(run_root: str, step: int) -> list[dict[str, Any]]:
 
     from tasks.data import batch_for_step
 
-    host = host_for(run_root)
     rows = read_jsonl(RunDir(Path(run_root)).data("train"))
-    train = host.config.train
+    train = run_config(run_root).train
     return batch_for_step(datasets.Dataset.from_list(rows), step, train.prompts_per_step, train.data.seed).to_list()
 
 

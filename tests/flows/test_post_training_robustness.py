@@ -120,3 +120,14 @@ def test_bad_input_fails_before_any_work(tmp_path, policy_dir):
         check_train_config(load_config(None, [f"model.target={policy_dir}", "train.rewards={nope: 1.0}"]))
     with pytest.raises(ConfigError, match="float16"):
         load_config(None, ["train.optim.dtype=float16"])
+
+
+def test_evaluate_flow_scores_the_published_policy(tmp_path, prefect_harness, toy_reward, policy_dir, data):
+    from flows.evaluate import evaluate
+
+    overrides = flow_overrides(policy_dir, data, tmp_path / "run", toy_reward, steps=1)
+    run_flow(overrides)
+    metrics = evaluate(config_path=None, overrides=overrides)
+    assert metrics["eval/policy_version"] == 1 and metrics["eval/prompts"] == 4
+    assert 0.0 <= metrics["eval/reward_mean"] <= 1.0
+    assert (tmp_path / "run" / "eval" / "v000001.jsonl").exists()
