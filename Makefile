@@ -32,7 +32,7 @@ export RAY_USAGE_STATS_ENABLED := 0
 export RAY_AUTH_MODE := disabled
 export MPLCONFIGDIR := $(CACHE)/matplotlib
 
-.PHONY: help venv install run test test-fast lock clean distclean
+.PHONY: help venv install run rollout-demo test test-fast lock clean distclean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -54,11 +54,15 @@ install: ## force a re-install of requirements.txt and the project into .venv
 	rm -f $(STAMP)
 	$(MAKE) --no-print-directory venv
 
-run: venv ## pull SmolLM2, make 4 reasoning-gym prompts, roll them out (extra args: RUN_ARGS=...)
+run: venv ## the main job: a short GRPO post-training run of SmolLM2 with speculative rollouts (RUN_ARGS=...)
+	$(BIN)/specactor models pull smollm2-135m-instruct --dtype float32
+	$(BIN)/specactor train --config configs/train_smollm2.yaml $(RUN_ARGS)
+
+rollout-demo: venv ## pull SmolLM2, make 4 reasoning-gym prompts, roll them out and print them
 	$(BIN)/specactor models pull smollm2-135m-instruct --dtype float32
 	$(BIN)/specactor prompts --task chain_sum --count 4 --seed 0 --out $(RUN_DIR)/prompts.jsonl
 	$(BIN)/specactor rollout --prompts $(RUN_DIR)/prompts.jsonl --out $(RUN_DIR)/rollouts.jsonl \
-		--stats $(RUN_DIR)/stats.json --show 4 $(RUN_ARGS)
+		--stats $(RUN_DIR)/stats.json --show 4
 
 test: venv ## the whole suite, real-model tests included (extra args: PYTEST_ARGS=...)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

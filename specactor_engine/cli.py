@@ -48,6 +48,8 @@ def configure(
     """Set up logging through rich on stderr."""
     handler = RichHandler(console=Console(stderr=True), show_path=False, rich_tracebacks=False)
     logging.basicConfig(level=log_level.upper(), format="%(message)s", handlers=[handler], force=True)
+    for noisy in ("httpx", "httpcore", "urllib3", "filelock"):  # one line per HTTP call to the local Prefect API
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
 
 
 @contextlib.contextmanager
