@@ -7,6 +7,7 @@ Resuming: the flow starts at the first step that is not complete (tasks.run_dir)
 
 from __future__ import annotations
 
+import time
 import warnings
 from pathlib import Path
 from typing import Any, Sequence
@@ -72,11 +73,13 @@ def check_train_config(config: Any) -> Any:
 
 
 def _run_step(root: str, step: int) -> dict[str, Any]:
+    """The step's tasks in order, with the wall time of each (time/<task>_s)."""
     metrics: dict[str, Any] = {"step": step}
-    metrics.update(run_rollout(root, step))
-    metrics.update(score_rewards(root, step))
-    metrics.update(update_policy(root, step))
-    metrics.update(sync_weights(root, step))
+    for name, step_task in (("rollout", run_rollout), ("reward", score_rewards), ("update", update_policy),
+                            ("sync", sync_weights)):
+        started = time.perf_counter()
+        metrics.update(step_task(root, step))
+        metrics[f"time/{name}_s"] = time.perf_counter() - started
     return metrics
 
 

@@ -213,7 +213,8 @@ def _print_train_summary(result: dict) -> None:
     table = Table(title=f"post-training -> {result['run_dir']}")
     columns = [("step", "step", "{}"), ("reward", "reward/mean", "{:.3f}"), ("accuracy", "accuracy", "{:.2f}"),
                ("rollout s", "rollout/makespan_s", "{:.1f}"), ("accept len", "rollout/mean_acceptance_length", "{:.2f}"),
-               ("loss", "train/loss", "{:.4f}")]
+               ("loss", "train/loss", "{:.4f}"), ("update s", "time/update_s", "{:.1f}"),
+               ("sync s", "time/sync_s", "{:.1f}")]
     for label, _, _ in columns:
         table.add_column(label, justify="right")
     for step in sorted(result["steps"]):
