@@ -225,6 +225,35 @@ def math_verify_reward(
     return rewards
 
 
+@register_reward("numeric_closeness")
+def numeric_closeness_reward(completions: list[str], answer: list[Any], **_: Any) -> list[float | None]:
+    """Partial credit for numeric answers: 1 / (1 + |pred - answer| / (|answer| + 1)).
+
+    1.0 for the exact value, decaying smoothly with the relative error; 0.0 without a number.
+    Dense enough that a small model gets reward variance within its groups (GRPO needs it).
+    None for rows whose reference answer is not a number.
+    """
+    scores: list[float | None] = []
+    for completion, reference in zip(completions, answer):
+        target = _as_number(None if reference is None else str(reference))
+        if target is None:
+            scores.append(None)
+            continue
+        predicted = _as_number(extract_final_answer(completion))
+        scores.append(0.0 if predicted is None else 1.0 / (1.0 + abs(predicted - target) / (abs(target) + 1.0)))
+    return scores
+
+
+def _as_number(text: str | None) -> float | None:
+    if text is None:
+        return None
+    try:
+        value = float(normalize_answer(text).replace(",", ""))
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
 @register_reward("format")
 def format_reward(completions: list[str], *, partial_credit: float = 0.0, **_: Any) -> list[float | None]:
     """1.0 for exactly one non-empty `\\boxed{}` (or, without a box, exactly one non-empty `Answer:`

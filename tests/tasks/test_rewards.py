@@ -219,3 +219,14 @@ def test_register_reward_refuses_a_taken_name(monkeypatch):
     monkeypatch.setattr("tasks.rewards.REWARDS", dict(REWARDS))
     with pytest.raises(ValueError, match="'format' is already registered"):
         register_reward("format")(lambda completions, **_: [0.0] * len(completions))
+
+
+def test_numeric_closeness_gives_graded_credit():
+    from tasks.rewards import get_reward
+
+    reward = get_reward("numeric_closeness")
+    scores = reward(["so \\boxed{42}", "Answer: 40", "the result is 100", "no number here", "\\boxed{42}"],
+                    answer=["42", "42", "42", "42", "forty-two"])
+    assert scores[0] == 1.0
+    assert 0.9 < scores[1] < 1.0 and 0.0 < scores[2] < scores[1]
+    assert scores[3] == 0.0 and scores[4] is None
