@@ -50,10 +50,14 @@ def build_host(run_root: str, config: Any, with_trainer: bool = True) -> RunHost
             update={"rollout": config.rollout.model_copy(update={"mode": "ar"})})
     engine = Engine.from_config(engine_config)
     engine.policy_version = version
+    host = RunHost(config=config, engine=engine, tokenizer=engine.tokenizer)
+    if version:
+        load_drafters(host, run.checkpoint(version), version)
     trainer = None
     if with_trainer:
         trainer = PolicyTrainer(AutoModelForCausalLM.from_pretrained(source, dtype="float32"), trainer_config(config))
-    return set_host(run_root, RunHost(config=config, engine=engine, trainer=trainer, tokenizer=engine.tokenizer))
+    host.trainer = trainer
+    return set_host(run_root, host)
 
 
 def trainer_config(config: Any) -> Any:
@@ -229,10 +233,11 @@ def update_policy(run_root: str, step: int) -> dict[str, Any]:
 
 @task(name="sync_weights")
 def sync_weights(run_root: str, step: int) -> dict[str, Any]:
-    """Push policy v<step> into the engine, verify it bit for bit, refresh every drafter.
+    """Push policy v<step> into the engine, verify it bit for bit, refresh every drafter and
+    save the drafters' weights beside checkpoint v<step>.
 
-    On any failure the engine is restored to the previous version, so the previous
-    consistent (checkpoint, engine, drafters) triple stays in place.
+    On any failure the engine and its drafters are restored to the previous version, so the
+    previous consistent (checkpoint, engine, drafters) triple stays in place.
     """
     from specactor_engine.weights import weights_digest
 
@@ -244,6 +249,7 @@ def sync_weights(run_root: str, step: int) -> dict[str, Any]:
         if engine_digest != weights_digest(host.trainer.state_dict_for_sync()):
             raise RuntimeError(f"weights in the engine differ from the trainer's after sync to v{step}")
         metrics = refresh_drafters(host, read_jsonl(run.rollouts(step)), step)
+        save_drafters(host, run.checkpoint(step))
     except Exception:
         _restore_engine(host, run, previous)
         raise
@@ -264,8 +270,35 @@ def refresh_drafters(host: RunHost, records: list[dict[str, Any]], version: int)
     return metrics
 
 
+def _drafter_file(checkpoint: Path, name: str) -> Path:
+    return checkpoint / "drafters" / f"{name.replace('/', '_').replace(':', '_')}.safetensors"
+
+
+def save_drafters(host: RunHost, checkpoint: Path) -> None:
+    """Weights of every model drafter next to the policy checkpoint (a resumed run reloads them)."""
+    from safetensors.torch import save_file
+
+    for drafter in host.engine.drafters:
+        if hasattr(drafter, "runner"):
+            path = _drafter_file(checkpoint, drafter.name)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            state = {k: v.contiguous() for k, v in drafter.runner.model.named_parameters()}
+            save_file(state, path)
+
+
+def load_drafters(host: RunHost, checkpoint: Path, version: int) -> None:
+    """Load saved drafter weights of checkpoint v<version>, where they exist."""
+    from safetensors.torch import load_file
+
+    for drafter in host.engine.drafters:
+        path = _drafter_file(checkpoint, drafter.name)
+        if path.exists():
+            host.engine.update_weights(load_file(path).items(), version=version, component=drafter.name)
+        drafter.version = version
+
+
 def _restore_engine(host: RunHost, run: RunDir, version: int) -> None:
-    """Reload the engine's target from checkpoint v<version> (v0: the initial model)."""
+    """Reload the engine's target and drafters from checkpoint v<version> (v0: the initial models)."""
     from safetensors.torch import load_file
 
     from specactor_engine.models import resolve_model
@@ -274,7 +307,15 @@ def _restore_engine(host: RunHost, run: RunDir, version: int) -> None:
     source = run.checkpoint(version) if version else resolve_model(model.target, model.dtype, model.cache_dir)
     weights = load_file(Path(source) / "model.safetensors")
     host.engine.update_weights(weights.items(), version=version)
-    _logger().error("sync to the new policy failed; the engine is back at policy v%d", version)
+    if version:
+        load_drafters(host, run.checkpoint(version), version)
+    else:
+        for drafter, spec in zip(host.engine.drafters, host.config.rollout.drafters):
+            if hasattr(drafter, "runner"):
+                path = resolve_model(spec.model, spec.dtype or model.dtype, model.cache_dir)
+                host.engine.update_weights(load_file(Path(path) / "model.safetensors").items(), 0, drafter.name)
+            drafter.version = 0
+    _logger().error("sync to the new policy failed; the engine and drafters are back at v%d", version)
 
 
 def acceptance_alarms(previous: dict[str, Any] | None, current: dict[str, Any], ratio: float) -> list[str]:

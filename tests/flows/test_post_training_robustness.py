@@ -28,16 +28,29 @@ def run_flow(overrides, **kwargs):
 
 
 def test_resume_does_not_recompute_a_completed_step(tmp_path, prefect_harness, toy_reward, policy_dir, data):
-    from tasks.run_dir import RunDir
+    from safetensors.torch import load_file
+
+    from tasks.run_dir import RunDir, read_jsonl
+    from tasks.runtime import drop_host, get_host
 
     run = RunDir(tmp_path / "run")
     run_flow(flow_overrides(policy_dir, data, run.root, toy_reward, steps=1))
     rollouts_before = run.rollouts(1).read_bytes()
     stamp = run.rollouts(1).stat().st_mtime_ns
-    result = run_flow(flow_overrides(policy_dir, data, run.root, toy_reward, steps=2))
-    assert sorted(result["steps"]) == [1, 2]
-    assert run.rollouts(1).stat().st_mtime_ns == stamp and run.rollouts(1).read_bytes() == rollouts_before
-    assert run.latest_version() == 2
+    saved_drafter = load_file(run.checkpoint(1) / "drafters" / "draft.safetensors")
+    result = run_flow(flow_overrides(policy_dir, data, run.root, toy_reward, steps=2), release=False)
+    try:
+        assert sorted(result["steps"]) == [1, 2]
+        assert run.rollouts(1).stat().st_mtime_ns == stamp and run.rollouts(1).read_bytes() == rollouts_before
+        assert run.latest_version() == 2
+        # the resumed process started from the distilled drafter of v1, not the original weights
+        assert {r["drafter_versions"]["draft"] for r in read_jsonl(run.rollouts(2))} == {1}
+        assert not torch.equal(saved_drafter["model.norm.weight"], load_file(policy_dir / "model.safetensors")["model.norm.weight"])
+        drafter = next(d for d in get_host(str(run.root)).engine.drafters if d.name == "draft")
+        final = load_file(run.checkpoint(2) / "drafters" / "draft.safetensors")
+        assert all(torch.equal(p, final[n]) for n, p in drafter.runner.model.named_parameters())
+    finally:
+        drop_host(str(run.root))
 
 
 def test_crash_mid_step_keeps_the_last_checkpoint(tmp_path, prefect_harness, toy_reward, policy_dir, data,
