@@ -204,8 +204,10 @@ def train(
     with user_errors(ValueError):
         check_train_config(load_config(config, overrides or ()))
     from flows.post_training import post_training
+    from tasks.data import DataError
 
-    result = post_training(config_path=str(config) if config else None, overrides=list(overrides or ()))
+    with user_errors(DataError):  # a bad dataset fails in the first task, before any rollout
+        result = post_training(config_path=str(config) if config else None, overrides=list(overrides or ()))
     _print_train_summary(result)
 
 

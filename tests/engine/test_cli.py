@@ -245,3 +245,16 @@ def test_log_level_option(fake_engine: type[FakeEngine], prompts_file: Path, tmp
     result = run("--log-level", "debug", "rollout", "--prompts", prompts_file, "--out", tmp_path / "o.jsonl")
     assert result.exit_code == 0, result.output
     assert run("--log-level", "loud", "rollout").exit_code == 2
+
+
+def test_train_refuses_bad_settings_before_any_work(tmp_path):
+    """Unknown reward and fp16 on CPU are refused with one line, exit code 2, before the flow starts."""
+    from typer.testing import CliRunner
+
+    from specactor_engine.cli import app
+
+    runner = CliRunner()
+    bad_reward = runner.invoke(app, ["train", "--set", "train.rewards={nope: 1.0}"])
+    assert bad_reward.exit_code == 2 and "unknown reward" in bad_reward.output
+    fp16 = runner.invoke(app, ["train", "--set", "train.optim.dtype=float16"])
+    assert fp16.exit_code == 2 and "float16" in fp16.output
