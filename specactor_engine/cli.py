@@ -240,8 +240,18 @@ def deploy(
     post_training.serve(name=name, parameters=parameters)
 
 
+def _add_bench_command() -> None:
+    """`specactor bench ...` is the benchmark harness's own Typer app (benchmark/cli.py)."""
+    try:
+        from benchmark.cli import bench
+    except ImportError:  # the harness is not installed with this checkout
+        return
+    app.command(name="bench")(bench)
+
+
 def main() -> None:
     """Entry point of the `specactor` console script."""
+    _add_bench_command()
     app()
 
 
