@@ -1,0 +1,87 @@
+"""The `bench` command: run systems side by side on a trace and write results.json / results.md.
+
+    python -m benchmark --trace A --systems hf,ar,coupled,oracle --repeats 3 --out bench/A
+
+`bench` is also importable for registering as `specactor bench`.
+"""
+
+from __future__ import annotations
+
+import logging
+import shlex
+import sys
+from pathlib import Path
+from typing import Annotated, NoReturn
+
+import typer
+
+from benchmark.traces import MODEL_PAIRS, TRACES, ModelPair, get_trace
+
+USER_ERROR_EXIT_CODE = 2
+
+app = typer.Typer(name="bench", add_completion=False, pretty_exceptions_enable=False)
+
+
+def _fail(message: str) -> NoReturn:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code=USER_ERROR_EXIT_CODE)
+
+
+def parse_model(text: str | None, default: ModelPair) -> ModelPair:
+    """`qwen-pair`, `smollm2`, `TARGET` or `TARGET:DRAFTER` (names or local dirs); None: the trace's pair."""
+    if text is None:
+        return default
+    if text in MODEL_PAIRS:
+        return MODEL_PAIRS[text]
+    target, _, drafter = text.partition(":")
+    if not target:
+        _fail(f"--model {text!r}: expected a pair name ({', '.join(MODEL_PAIRS)}) or TARGET[:DRAFTER]")
+    return ModelPair(target, drafter or None)
+
+
+@app.command()
+def bench(
+    out: Annotated[Path, typer.Option("--out", help="Output directory (results.json, results.md, runs/).")],
+    trace_name: Annotated[str, typer.Option("--trace", help=f"One of {', '.join(TRACES)}.")] = "quick",
+    systems: Annotated[str, typer.Option("--systems", help="Comma-separated systems.")] = "hf,ar,coupled,oracle",
+    repeats: Annotated[int, typer.Option("--repeats", min=1, help="Runs per system, interleaved.")] = 1,
+    model: Annotated[str | None, typer.Option("--model", help="qwen-pair | smollm2 | TARGET[:DRAFTER].")] = None,
+    dtype: Annotated[str | None, typer.Option("--dtype", help="Override the trace's dtype.")] = None,
+    max_batch: Annotated[int | None, typer.Option("--max-batch", "--batch-size", min=1,
+                                                  help="Rows decoded at once (1: one sequence at a time).")] = None,
+    prompts: Annotated[int | None, typer.Option("--prompts", min=1, help="Use only the first N prompts.")] = None,
+    samples: Annotated[int | None, typer.Option("--samples", min=1, help="Samples per prompt.")] = None,
+    max_new_tokens: Annotated[int | None, typer.Option("--max-new-tokens", min=1)] = None,
+    temperature: Annotated[float | None, typer.Option("--temperature", min=0.0, help="0 = greedy.")] = None,
+    seed: Annotated[int | None, typer.Option("--seed", min=0, help="Sampling seed.")] = None,
+    num_draft_tokens: Annotated[int, typer.Option("--num-draft-tokens", "-k", min=1, max=16)] = 4,
+    threads: Annotated[int, typer.Option("--threads", min=1, help="torch threads per system (all of them).")] = 2,
+    wait_load: Annotated[float | None, typer.Option(
+        "--wait-load", help="First wait (up to 10 min) for a 1-minute load average at most this.")] = None,
+    profile: Annotated[str, typer.Option("--profile", help="Comma-separated systems to cProfile.")] = "",
+) -> None:
+    """Run systems side by side on one trace (BENCHMARK.md) and write the results."""
+    from benchmark.run import BenchPlan, run_bench
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    try:
+        trace = get_trace(trace_name)
+    except ValueError as exc:
+        _fail(str(exc))
+    if trace.needs_history:
+        _fail(f"trace {trace.name} needs an earlier rollout of its prompts (history drafters); not runnable yet")
+    pair = parse_model(model, trace.model)
+    trace = trace.with_overrides(num_prompts=prompts, samples_per_prompt=samples, max_new_tokens=max_new_tokens,
+                                 temperature=temperature, seed=seed, model=pair, dtype=dtype)
+    plan = BenchPlan(trace=trace, systems=tuple(s.strip() for s in systems.split(",") if s.strip()),
+                     repeats=repeats, out=out, target=pair.target, drafter=pair.drafter, dtype=trace.dtype,
+                     max_batch_size=max_batch, num_draft_tokens=num_draft_tokens, threads=threads,
+                     max_load=wait_load, profile=tuple(s for s in profile.split(",") if s))
+    try:
+        plan.run_order()
+    except ValueError as exc:
+        _fail(str(exc))
+    results = run_bench(plan, command=shlex.join(["bench", *sys.argv[1:]]))
+    typer.echo((out / "results.md").read_text(encoding="utf-8"))
+    if any(entry.get("error") for entry in results["systems"].values()):
+        raise typer.Exit(code=1)

@@ -1,0 +1,113 @@
+"""Facts about the machine and the code a benchmark ran on, and waiting for a quiet machine."""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import subprocess
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("torch", "transformers", "tokenizers", "numpy", "reasoning_gym", "specactor")
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def cpu_flags() -> list[str]:
+    """The vector-extension flags that decide CPU kernel speed (avx2, avx512*, amx*)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return sorted(f for f in line.split(":", 1)[1].split() if f.startswith(("avx", "amx")))
+    except OSError:
+        pass
+    return []
+
+
+def physical_cores() -> int | None:
+    try:
+        import psutil
+
+        return psutil.cpu_count(logical=False)
+    except ImportError:
+        return None
+
+
+def versions() -> dict[str, str | None]:
+    found: dict[str, str | None] = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = None
+    return found
+
+
+def git_info(root: Path = REPO_ROOT) -> dict[str, Any]:
+    """Commit and whether the work tree had uncommitted changes."""
+    def git(*args: str) -> str | None:
+        try:
+            return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
+        except (OSError, subprocess.CalledProcessError):
+            return None
+
+    status = git("status", "--porcelain")
+    return {"commit": git("rev-parse", "HEAD"), "dirty": bool(status) if status is not None else None}
+
+
+def machine_info(threads: int) -> dict[str, Any]:
+    memory = None
+    try:
+        import psutil
+
+        memory = round(psutil.virtual_memory().total / 2**30, 1)
+    except ImportError:
+        pass
+    return {
+        "cpu_model": cpu_model(), "cpu_flags": cpu_flags(), "logical_cpus": os.cpu_count(),
+        "physical_cores": physical_cores(), "memory_gib": memory, "threads": threads,
+        "platform": platform.platform(), "versions": versions(), "git": git_info(),
+    }
+
+
+def busy_cpu_s() -> float | None:
+    """CPU seconds all processes spent busy since boot (all CPUs; /proc/stat), None off Linux."""
+    try:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_for_quiet(max_load: float, max_wait_s: float = 600, poll_s: float = 60) -> list[dict[str, float]]:
+    """Wait until the 1-minute load average is at most `max_load` (polling, up to `max_wait_s`).
+
+    Returns every load reading taken, so the results can show what the machine was doing.
+    """
+    readings = []
+    deadline = time.monotonic() + max_wait_s
+    while True:
+        load = os.getloadavg()[0]
+        readings.append({"time": time.time(), "loadavg_1m": load})
+        if load <= max_load or time.monotonic() >= deadline:
+            if load > max_load:
+                logger.warning("load average still %.2f > %.2f after %.0f s; running anyway", load, max_load,
+                               max_wait_s)
+            return readings
+        logger.info("load average %.2f > %.2f: waiting %.0f s", load, max_load, poll_s)
+        time.sleep(min(poll_s, max(deadline - time.monotonic(), 0)))

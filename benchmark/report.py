@@ -1,0 +1,86 @@
+"""`results.md`: one table per benchmark run, medians with min-max over repeats."""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any, Sequence
+
+from benchmark.metrics import spread
+
+
+def _cell(values: Sequence[float | None], fmt: str) -> str:
+    stats = spread(values)
+    if stats is None:
+        return "-"
+    if stats["min"] == stats["max"]:
+        return format(stats["median"], fmt)
+    return f"{format(stats['median'], fmt)} ({format(stats['min'], fmt)}-{format(stats['max'], fmt)})"
+
+
+def _ratio(entry: dict[str, Any], reference: dict[str, Any] | None) -> str:
+    mine, ref = spread(entry["tokens_per_s"]), spread(reference["tokens_per_s"]) if reference else None
+    if mine is None or ref is None or not ref["median"]:
+        return "-"
+    return f"{mine['median'] / ref['median']:.2f}x"
+
+
+COLUMNS = ("system", "runs", "makespan s", "tokens/s", "vs ar", "output tokens", "tail share", "accept len",
+           "accept rate", "identical to ar", "peak RSS MB", "load s", "load avg", "others' CPU")
+
+
+def system_row(name: str, entry: dict[str, Any], reference: dict[str, Any] | None) -> list[str]:
+    return [
+        f"`{name}`", str(entry["repeats"]), _cell(entry["makespan_s"], ".1f"), _cell(entry["tokens_per_s"], ".1f"),
+        _ratio(entry, reference), _cell(entry["output_tokens"], ".0f"), _cell(entry["tail_share"], ".2f"),
+        _cell(entry["mean_accept_len"], ".2f"), _cell(entry["acceptance_rate"], ".3f"),
+        _cell(entry["identical_to_ar"], ".3f"), _cell(entry["peak_rss_mb"], ".0f"), _cell(entry["load_s"], ".1f"),
+        _cell(entry["loadavg_1m_start"], ".2f"), _cell(entry.get("others_cpu_share", []), ".0%"),
+    ]
+
+
+def render_markdown(results: dict[str, Any]) -> str:
+    trace, settings, machine = results["trace"], results["settings"], results["machine"]
+    systems = results["systems"]
+    reference = systems.get("ar")
+    sampling = "greedy" if trace["temperature"] == 0 else f"temperature {trace['temperature']}, top-p {trace['top_p']}"
+    batch = settings["max_batch_size"] or f"all {settings['num_sequences']}"
+    when = datetime.datetime.fromtimestamp(results["started"]).strftime("%Y-%m-%d %H:%M")
+    lines = [
+        f"# Trace {trace['name']}: {trace['description']}",
+        "",
+        f"- {settings['num_sequences']} sequences ({trace['samples_per_prompt']} per prompt), at most "
+        f"{trace['max_new_tokens']} new tokens, {sampling}, seed {trace['seed']}",
+        f"- target `{settings['target']}`, drafter `{settings['drafter'] or 'ngram'}`, {settings['dtype']}, "
+        f"k={settings['num_draft_tokens']}, batch {batch}, {settings['threads']} threads",
+        f"- {machine['cpu_model']}, {machine['logical_cpus']} logical CPUs; torch {machine['versions'].get('torch')}, "
+        f"transformers {machine['versions'].get('transformers')}; commit {str(machine['git']['commit'])[:10]}"
+        f"{' (dirty)' if machine['git']['dirty'] else ''}; {when}",
+        f"- command: `{results['command']}`" if results.get("command") else "",
+        "",
+        "Median (min-max) over repeats; model load and warm-up excluded from the makespan. Tail share: time after "
+        "75% of the sequences finished, over the makespan. Accept len: tokens per row per target forward. "
+        "Load avg: the 1-minute load average when each run started; others' CPU: the share of the machine's CPU time "
+        "other processes used during the timed run (0% = quiet; 50% = one of the two cores was taken).",
+        "",
+        "| " + " | ".join(COLUMNS) + " |",
+        "|" + "---|" * len(COLUMNS),
+    ]
+    lines += ["| " + " | ".join(system_row(name, entry, reference)) + " |" for name, entry in systems.items()]
+    lines += _notes(systems, greedy=trace["temperature"] == 0)
+    return "\n".join(lines) + "\n"
+
+
+def _notes(systems: dict[str, Any], greedy: bool) -> list[str]:
+    notes = []
+    if not greedy and "hf" in systems:
+        notes.append("- `hf` samples with torch's generator, not the engine's position-keyed noise: its texts are "
+                     "not expected to match `ar` at temperature > 0.")
+    for name, entry in systems.items():
+        if entry.get("error"):
+            notes.append(f"- `{name}` failed: {entry['error']}")
+        mismatches = entry.get("mismatches") or []
+        if mismatches and (greedy or name != "hf"):
+            listed = ", ".join(f"{m['id']}#{m['sample']}@{m['first_diff']}" for m in mismatches[:10])
+            notes.append(f"- `{name}` differs from `ar` in {len(mismatches)} sequence(s) (id#sample@first differing "
+                         f"position): {listed}{' ...' if len(mismatches) > 10 else ''}")
+    return ["", *notes] if notes else []

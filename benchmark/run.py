@@ -1,0 +1,174 @@
+"""Run a benchmark plan: every system, every repeat, interleaved (A B C A B C), one subprocess each.
+
+Writes into the output directory:
+    trace.json             the prompts and settings (reproducible from the trace definition)
+    runs/<system>-<r>.json one worker result per run (figures, finish times, token ids, texts)
+    runs/<system>-<r>.log  the worker's stderr
+    results.json           machine, versions, git commit, settings and per-system figures (all repeats)
+    results.md             the table: median (min-max) per system
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from benchmark.machine import REPO_ROOT, machine_info, wait_for_quiet
+from benchmark.metrics import compare_to_reference
+from benchmark.report import render_markdown
+from benchmark.systems import SYSTEMS, RunSpec, write_references
+from benchmark.traces import Trace, trace_items
+
+logger = logging.getLogger(__name__)
+
+REFERENCE_SYSTEM = "ar"
+PER_RUN_FIGURES = ("makespan_s", "tokens_per_s", "output_tokens", "tail_s", "tail_share", "mean_accept_len",
+                   "acceptance_rate", "peak_rss_mb", "load_s", "warmup_s", "loadavg_1m_start", "cpu_share",
+                   "others_cpu_share")
+MAX_LISTED_MISMATCHES = 50
+
+
+@dataclass(frozen=True)
+class BenchPlan:
+    """What to run: a trace (with overrides applied), the systems, the models and the budget."""
+
+    trace: Trace
+    systems: tuple[str, ...]
+    repeats: int
+    out: Path
+    target: str
+    drafter: str | None
+    dtype: str
+    max_batch_size: int | None = None
+    num_draft_tokens: int = 4
+    threads: int = 2
+    max_load: float | None = None  # wait for a 1-minute load average at most this before starting
+    profile: tuple[str, ...] = ()  # systems to run under cProfile (timed region only)
+
+    def run_order(self) -> tuple[str, ...]:
+        """The systems in run order: `ar` first when another system needs its outputs."""
+        unknown = [s for s in self.systems if s not in SYSTEMS]
+        if unknown:
+            raise ValueError(f"unknown system(s) {', '.join(unknown)}; known: {', '.join(SYSTEMS)}")
+        if "oracle" not in self.systems:
+            return tuple(dict.fromkeys(self.systems))
+        return tuple(dict.fromkeys((REFERENCE_SYSTEM, *self.systems)))
+
+    def spec(self, system: str, reference: Path | None) -> RunSpec:
+        profile = str(self.out / "runs" / f"{system}.prof") if system in self.profile else None
+        return RunSpec(system=system, trace=self.trace, target=self.target, drafter=self.drafter, dtype=self.dtype,
+                       max_batch_size=self.max_batch_size, num_draft_tokens=self.num_draft_tokens,
+                       threads=self.threads, reference_path=str(reference) if reference else None,
+                       profile_path=profile)
+
+
+def run_worker(spec: RunSpec, out_json: Path) -> dict[str, Any]:
+    """Run one system in a fresh interpreter; its stderr goes to a .log beside the JSON."""
+    spec_path = out_json.with_suffix(".spec.json")
+    spec_path.write_text(json.dumps(spec.to_dict(), indent=1), encoding="utf-8")
+    env = os.environ | {
+        "OMP_NUM_THREADS": str(spec.threads), "MKL_NUM_THREADS": str(spec.threads),
+        "TOKENIZERS_PARALLELISM": "false",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
+    }
+    log_path = out_json.with_suffix(".log")
+    with log_path.open("w", encoding="utf-8") as log:
+        proc = subprocess.run([sys.executable, "-m", "benchmark.worker", str(spec_path), str(out_json)],
+                              env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT)
+    if proc.returncode != 0:
+        tail = log_path.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-5:]
+        raise RuntimeError(f"{spec.system} failed (exit {proc.returncode}): " + " | ".join(tail))
+    return json.loads(out_json.read_text(encoding="utf-8"))
+
+
+def run_bench(plan: BenchPlan, command: str = "") -> dict[str, Any]:
+    """Run the plan and write trace.json, runs/, results.json and results.md; return the results."""
+    runs_dir = plan.out / "runs"
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    _write_json(plan.out / "trace.json", {"trace": plan.trace.to_dict(), "items": trace_items(plan.trace)})
+    load_readings = wait_for_quiet(plan.max_load) if plan.max_load is not None else []
+    started = time.time()
+    runs: dict[str, list[dict[str, Any]]] = {s: [] for s in plan.run_order()}
+    errors: dict[str, str] = {}
+    for repeat in range(plan.repeats):
+        reference: Path | None = None
+        for system in plan.run_order():
+            if system in errors:
+                continue
+            out_json = runs_dir / f"{system}-{repeat}.json"
+            try:
+                result = run_worker(plan.spec(system, reference), out_json)
+            except RuntimeError as exc:
+                logger.error("%s", exc)
+                errors[system] = str(exc)
+                continue
+            runs[system].append(result)
+            logger.info("repeat %d %-8s %7.1f s  %6.1f tok/s  accept len %.2f  load avg %.2f  others' CPU %.0f%%",
+                        repeat, system, result["makespan_s"], result["tokens_per_s"], result["mean_accept_len"],
+                        result["loadavg_1m_start"], 100 * (result["others_cpu_share"] or 0))
+            if system == REFERENCE_SYSTEM:
+                reference = runs_dir / f"{system}-{repeat}.reference.json"
+                write_references(reference, plan.trace.seed, result["sequences"])
+    results = {
+        "command": command,
+        "started": started,
+        "finished": time.time(),
+        "machine": machine_info(plan.threads),
+        "load_before_start": load_readings,
+        "trace": plan.trace.to_dict(),
+        "settings": {"target": plan.target, "drafter": plan.drafter, "dtype": plan.dtype,
+                     "max_batch_size": plan.max_batch_size, "num_draft_tokens": plan.num_draft_tokens,
+                     "threads": plan.threads, "repeats": plan.repeats, "run_order": list(plan.run_order()),
+                     "num_sequences": plan.trace.num_sequences},
+        "systems": aggregate(runs, errors),
+    }
+    _write_json(plan.out / "results.json", results)
+    (plan.out / "results.md").write_text(render_markdown(results), encoding="utf-8")
+    return results
+
+
+def aggregate(runs: dict[str, list[dict[str, Any]]], errors: dict[str, str]) -> dict[str, Any]:
+    """Per system: every per-run figure as a list (one per repeat) and identity to `ar` repeat 0."""
+    reference = runs.get(REFERENCE_SYSTEM, [None])[0] if runs.get(REFERENCE_SYSTEM) else None
+    summary: dict[str, Any] = {}
+    for system, results in runs.items():
+        entry: dict[str, Any] = {"repeats": len(results)}
+        for figure in PER_RUN_FIGURES:
+            entry[figure] = [r[figure] for r in results]
+        entry["identical_to_ar"], entry["mismatches"] = _identity(results, reference)
+        entry["finish_reasons"] = _finish_reasons(results[0]) if results else {}
+        if system in errors:
+            entry["error"] = errors[system]
+        summary[system] = entry
+    return summary
+
+
+def _identity(results: list[dict[str, Any]], reference: dict[str, Any] | None) -> tuple[list[float], list[Any]]:
+    """identical_to_ar per repeat, and the first repeat's mismatches (None without an `ar` run)."""
+    if reference is None:
+        return [], []
+    fractions, listed = [], None
+    for result in results:
+        fraction, mismatches = compare_to_reference(result["sequences"], reference["sequences"])
+        fractions.append(fraction)
+        if listed is None:
+            listed = mismatches[:MAX_LISTED_MISMATCHES]
+    return fractions, listed or []
+
+
+def _finish_reasons(result: dict[str, Any]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for seq in result["sequences"]:
+        counts[seq["finish_reason"]] = counts.get(seq["finish_reason"], 0) + 1
+    return counts
+
+
+def _write_json(path: Path, data: Any) -> None:
+    path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")

@@ -1,0 +1,320 @@
+"""The systems compared by the benchmark, behind one interface and a registry.
+
+A system is built from a `RunSpec` (this loads its models: load time is measured by the
+caller and kept out of the makespan) and then generates a trace's requests. Every system
+emits the same thing, a `Generation`, and marks each sequence's finish on a `FinishClock`,
+so tail time, identity to `ar` and tokens/s are computed the same way for all.
+
+New systems (`vllm`, `vllm-spec`, `decoupled`, `specactor`) are one `@register_system` each.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+
+from benchmark.traces import Trace
+from specactor_engine.config import SamplingConfig
+from specactor_engine.drafters import DraftRequest, Drafter
+from specactor_engine.sampling import sequence_key
+from specactor_engine.state import SequenceState
+from specactor_engine.types import DraftProposal, Request
+
+ALL_AT_ONCE = 1 << 16  # engine max_batch_size meaning "every sequence in one batch"
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything a worker needs to run one system once (JSON round-trip for the subprocess)."""
+
+    system: str
+    trace: Trace
+    target: str  # registry name or local HF dir
+    drafter: str | None  # draft model (name or dir); None: the n-gram drafter
+    dtype: str
+    max_batch_size: int | None = None  # None: all sequences at once
+    num_draft_tokens: int = 4
+    threads: int = 2
+    reference_path: str | None = None  # `ar` outputs, for the oracle drafter
+    profile_path: str | None = None  # write a cProfile of the timed run here
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "trace": self.trace.to_dict()}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "RunSpec":
+        return cls(**{**data, "trace": Trace.from_dict(data["trace"])})
+
+
+@dataclass
+class SequenceResult:
+    """One generated sample, as every system reports it."""
+
+    request_id: str
+    sample_index: int
+    token_ids: list[int]  # up to and including the stop token, like the engine
+    text: str
+    finish_reason: str
+
+
+@dataclass
+class Generation:
+    sequences: list[SequenceResult]
+    engine_stats: dict[str, Any] | None = None  # EngineStats.to_dict() for engine systems
+
+
+@dataclass
+class FinishClock:
+    """Seconds from `start()` at which each sequence finished (in finishing order)."""
+
+    started: float = 0.0
+    times: list[float] = field(default_factory=list)
+
+    def start(self) -> float:
+        self.started = time.perf_counter()
+        self.times = []
+        return self.started
+
+    def mark(self, count: int = 1) -> None:
+        now = time.perf_counter() - self.started
+        self.times.extend([now] * count)
+
+    def progress(self, finished: int, total: int) -> None:
+        """`Engine.generate` progress callback: (finished sequences, total)."""
+        if finished > len(self.times):
+            self.mark(finished - len(self.times))
+
+
+class System(ABC):
+    """A way to roll out a trace; the constructor loads the models."""
+
+    @abstractmethod
+    def __init__(self, spec: RunSpec) -> None: ...
+
+    @abstractmethod
+    def generate(self, requests: Sequence[Request], sampling: SamplingConfig, clock: FinishClock) -> Generation:
+        """Roll out `sampling.n` samples of every request; mark each finish on `clock`."""
+
+
+SYSTEMS: dict[str, Callable[[RunSpec], System]] = {}
+
+
+def register_system(name: str) -> Callable[[type[System]], type[System]]:
+    def wrap(cls: type[System]) -> type[System]:
+        SYSTEMS[name] = cls
+        return cls
+
+    return wrap
+
+
+def build_system(spec: RunSpec) -> System:
+    if spec.system not in SYSTEMS:
+        raise ValueError(f"unknown system {spec.system!r}; known: {', '.join(SYSTEMS)}")
+    return SYSTEMS[spec.system](spec)
+
+
+def _resolve(name: str, dtype: str) -> Path:
+    from specactor_engine.models import resolve_model
+
+    return resolve_model(name, dtype, pull=False)
+
+
+def load_target(spec: RunSpec) -> tuple[torch.nn.Module, Any]:
+    """(model, tokenizer) of the spec's target, in its dtype; never downloads."""
+    from transformers import AutoTokenizer
+
+    from specactor_engine.model_runner import load_hf_model
+
+    path = _resolve(spec.target, spec.dtype)
+    return load_hf_model(path, spec.dtype), AutoTokenizer.from_pretrained(path)
+
+
+# ---------------------------------------------------------------------------------------- hf
+class _FinishWatcher:
+    """A generate() stopping criterion that never stops: it stamps the step each row ends."""
+
+    def __init__(self, stop_ids: Sequence[int], num_rows: int, clock: FinishClock) -> None:
+        self.stop_ids = torch.tensor(sorted(stop_ids))
+        self.done = torch.zeros(num_rows, dtype=torch.bool)
+        self.clock = clock
+
+    def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.Tensor:
+        ended = torch.isin(input_ids[:, -1], self.stop_ids) & ~self.done
+        if ended.any():
+            self.clock.mark(int(ended.sum()))
+            self.done |= ended
+        return torch.zeros(len(self.done), dtype=torch.bool, device=input_ids.device)
+
+    def finish_rest(self) -> None:
+        """Rows that ran to max_new_tokens end with the call."""
+        self.clock.mark(int((~self.done).sum()))
+
+
+@register_system("hf")
+class HFGenerate(System):
+    """transformers `generate`: rows left-padded, KV cache, batches of `max_batch_size` rows."""
+
+    def __init__(self, spec: RunSpec) -> None:
+        from specactor_engine.tokenize import eos_token_ids
+
+        self.model, self.tokenizer = load_target(spec)
+        self.tokenizer.padding_side = "left"
+        self.stop_ids = eos_token_ids(self.tokenizer, self.model)
+        pad = self.tokenizer.pad_token_id
+        self.pad_id = pad if pad is not None else self.stop_ids[0]
+        if self.tokenizer.pad_token_id is None:
+            self.tokenizer.pad_token_id = self.pad_id
+        self.batch_size = spec.max_batch_size
+
+    def generate(self, requests: Sequence[Request], sampling: SamplingConfig, clock: FinishClock) -> Generation:
+        from specactor_engine.tokenize import encode_request
+
+        prompts = {}
+        for request in requests:
+            ids, error = encode_request(request, self.tokenizer, chat_template=True)
+            if error is not None:
+                raise ValueError(error)
+            prompts[request.request_id] = ids
+        rows = [(r.request_id, j) for r in requests for j in range(sampling.n)]
+        torch.manual_seed(sampling.seed)
+        size = self.batch_size or len(rows)
+        sequences: list[SequenceResult] = []
+        for start in range(0, len(rows), size):
+            sequences += self._generate_rows(rows[start : start + size], prompts, sampling, clock)
+        return Generation(sequences)
+
+    def _generate_rows(self, rows: list[tuple[str, int]], prompts: dict[str, list[int]], sampling: SamplingConfig,
+                       clock: FinishClock) -> list[SequenceResult]:
+        from transformers import StoppingCriteriaList
+
+        batch = self.tokenizer.pad({"input_ids": [prompts[rid] for rid, _ in rows]}, padding=True,
+                                   return_tensors="pt")
+        watcher = _FinishWatcher(self.stop_ids, len(rows), clock)
+        with torch.inference_mode():
+            generated = self.model.generate(**batch, generation_config=self._generation_config(sampling),
+                                            stopping_criteria=StoppingCriteriaList([watcher]))
+        watcher.finish_rest()
+        new_tokens = generated[:, batch["input_ids"].shape[1] :].tolist()  # [R, <=max_new_tokens]
+        return [self._result(rid, j, ids) for (rid, j), ids in zip(rows, new_tokens)]
+
+    def _generation_config(self, sampling: SamplingConfig) -> Any:
+        from transformers import GenerationConfig
+
+        common = dict(max_new_tokens=sampling.max_new_tokens, eos_token_id=self.stop_ids, pad_token_id=self.pad_id,
+                      use_cache=True)
+        if sampling.greedy:
+            return GenerationConfig(do_sample=False, **common)
+        return GenerationConfig(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p,
+                                top_k=sampling.top_k, **common)
+
+    def _result(self, request_id: str, sample_index: int, ids: list[int]) -> SequenceResult:
+        """Cut the padded row after its first stop token (kept, as the engine keeps it)."""
+        stops = set(self.stop_ids)
+        end = next((i + 1 for i, token in enumerate(ids) if token in stops), None)
+        kept = ids if end is None else ids[:end]
+        return SequenceResult(request_id, sample_index, kept, self.tokenizer.decode(kept, skip_special_tokens=True),
+                              "length" if end is None else "stop")
+
+
+# ---------------------------------------------------------------------------------------- engine
+class EngineSystem(System):
+    """This project's engine in `mode`, with the drafters `_drafters` builds."""
+
+    mode = "ar"
+
+    def __init__(self, spec: RunSpec) -> None:
+        from specactor_engine.engine import Engine
+
+        model, tokenizer = load_target(spec)
+        self.engine = Engine(model, tokenizer, mode=self.mode, num_draft_tokens=spec.num_draft_tokens,
+                             max_batch_size=spec.max_batch_size or ALL_AT_ONCE,
+                             drafters=self._drafters(spec, model, tokenizer))
+
+    def _drafters(self, spec: RunSpec, model: torch.nn.Module, tokenizer: Any) -> list[Drafter]:
+        return []
+
+    def generate(self, requests: Sequence[Request], sampling: SamplingConfig, clock: FinishClock) -> Generation:
+        result = self.engine.generate(requests, sampling, progress=clock.progress)
+        sequences = [SequenceResult(o.request_id, o.sample_index, o.token_ids, o.text, o.finish_reason)
+                     for o in result.outputs]
+        return Generation(sequences, result.stats.to_dict())
+
+
+@register_system("ar")
+class AutoregressiveEngine(EngineSystem):
+    """The engine without speculation: the speed and identity reference."""
+
+    mode = "ar"
+
+
+@register_system("coupled")
+class CoupledEngine(EngineSystem):
+    """Draft-then-verify with the trace's draft model (or the n-gram drafter) at a fixed k."""
+
+    mode = "coupled"
+
+    def _drafters(self, spec: RunSpec, model: torch.nn.Module, tokenizer: Any) -> list[Drafter]:
+        from specactor_engine.config import ModelDrafterConfig, NgramDrafterConfig
+        from specactor_engine.drafters import DrafterContext, build_drafter
+
+        context = DrafterContext(device="cpu", dtype=spec.dtype, target_tokenizer=tokenizer,
+                                 target_vocab_size=model.config.vocab_size)
+        if spec.drafter is None:
+            return [build_drafter(NgramDrafterConfig(), context)]
+        path = _resolve(spec.drafter, spec.dtype)
+        return [build_drafter(ModelDrafterConfig(model=str(path), dtype=spec.dtype), context)]
+
+
+class OracleDrafter(Drafter):
+    """Proposes the reference run's own next tokens, so every draft is accepted.
+
+    references: sequence key (see `sequence_key`) -> that sequence's reference output tokens.
+    """
+
+    name = "oracle"
+
+    def __init__(self, references: dict[int, list[int]]) -> None:
+        self.references = references
+
+    def propose(self, state: SequenceState, request: DraftRequest) -> DraftProposal:
+        k = int(request.max_draft_tokens.max()) if len(request.slots) else 0
+        token_ids = torch.zeros(len(request.slots), k, dtype=torch.long)
+        num_tokens = torch.zeros(len(request.slots), dtype=torch.long)
+        keys = state.seq_keys[request.slots].tolist()
+        positions = state.output_positions(request.slots).tolist()
+        for row, (key, position, cap) in enumerate(zip(keys, positions, request.max_draft_tokens.tolist())):
+            found = self.references.get(key, [])[position : position + cap]
+            token_ids[row, : len(found)] = torch.tensor(found, dtype=torch.long)
+            num_tokens[row] = len(found)
+        return DraftProposal(token_ids=token_ids, num_tokens=num_tokens)
+
+
+def load_references(path: str | Path) -> dict[int, list[int]]:
+    """Read a reference file written by `write_references`: sequence key -> token ids."""
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    return {sequence_key(data["seed"], s["id"], s["sample"]): s["token_ids"] for s in data["sequences"]}
+
+
+def write_references(path: str | Path, seed: int, sequences: list[dict[str, Any]]) -> None:
+    """Store a run's outputs ({id, sample, token_ids} dicts) as oracle drafts for sampling `seed`."""
+    records = [{"id": s["id"], "sample": s["sample"], "token_ids": s["token_ids"]} for s in sequences]
+    Path(path).write_text(json.dumps({"seed": seed, "sequences": records}), encoding="utf-8")
+
+
+@register_system("oracle")
+class OracleEngine(EngineSystem):
+    """Coupled mode fed the `ar` run's final outputs: the ceiling at this verify length."""
+
+    mode = "coupled"
+
+    def _drafters(self, spec: RunSpec, model: torch.nn.Module, tokenizer: Any) -> list[Drafter]:
+        if spec.reference_path is None:
+            raise ValueError("the oracle system needs an `ar` run's outputs (reference_path)")
+        return [OracleDrafter(load_references(spec.reference_path))]

@@ -1,0 +1,118 @@
+"""Run one system once, in this process, and write its figures as JSON.
+
+    python -m benchmark.worker SPEC.json OUT.json
+
+One process per run keeps peak RSS per system clean and the thread budget exact. Order:
+load the models (load_s), a short warm-up generate (warmup_s), then the timed rollout of the
+whole trace (makespan: from submitting the requests to the last token).
+"""
+
+from __future__ import annotations
+
+import cProfile
+import gc
+import json
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmark.machine import busy_cpu_s
+from benchmark.metrics import tail_time
+from benchmark.systems import FinishClock, Generation, RunSpec, build_system
+from benchmark.traces import build_requests, sampling_config
+
+WARMUP_NEW_TOKENS = 8
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set size of this process so far (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def run_once(spec: RunSpec) -> dict[str, Any]:
+    """Load, warm up and time one system on the spec's trace: the run's figures and outputs."""
+    torch.set_num_threads(spec.threads)
+    requests, sampling = build_requests(spec.trace), sampling_config(spec.trace)
+    loadavg_start = os.getloadavg()[0]
+    started = time.perf_counter()
+    system = build_system(spec)
+    load_s = time.perf_counter() - started
+    started = time.perf_counter()
+    system.generate(requests[:1], sampling.model_copy(update={"n": 1, "max_new_tokens": WARMUP_NEW_TOKENS}),
+                    FinishClock())
+    warmup_s = time.perf_counter() - started
+    gc.collect()
+    clock = FinishClock()
+    profiler = cProfile.Profile() if spec.profile_path else None
+    if profiler is not None:
+        profiler.enable()
+    busy_before, own_before = busy_cpu_s(), time.process_time()
+    start = clock.start()
+    generation = system.generate(requests, sampling, clock)
+    makespan_s = time.perf_counter() - start
+    contention = _cpu_shares(busy_before, own_before, makespan_s, spec.threads)
+    if profiler is not None:
+        profiler.disable()
+        profiler.dump_stats(spec.profile_path)
+    return _figures(spec, generation, clock, makespan_s) | contention | {
+        "load_s": load_s, "warmup_s": warmup_s, "peak_rss_mb": peak_rss_mb(), "loadavg_1m_start": loadavg_start,
+        "loadavg_1m_end": os.getloadavg()[0], "threads": torch.get_num_threads(),
+    }
+
+
+def _cpu_shares(busy_before: float | None, own_before: float, makespan_s: float, threads: int
+                ) -> dict[str, float | None]:
+    """How much CPU the timed run got, and how much other processes took meanwhile.
+
+    cpu_share: this process's CPU time / (threads x makespan) (1.0 = every thread busy throughout);
+    others_cpu_share: other processes' CPU time / (all CPUs x makespan) (0 = a quiet machine).
+    """
+    own_s = time.process_time() - own_before
+    busy_after = busy_cpu_s()
+    others = None
+    if busy_before is not None and busy_after is not None and makespan_s > 0:
+        others = max(busy_after - busy_before - own_s, 0.0) / ((os.cpu_count() or 1) * makespan_s)
+    return {"cpu_s": own_s, "cpu_share": own_s / (threads * makespan_s) if makespan_s else None,
+            "others_cpu_share": others}
+
+
+def _figures(spec: RunSpec, generation: Generation, clock: FinishClock, makespan_s: float) -> dict[str, Any]:
+    sequences = generation.sequences
+    output_tokens = sum(len(s.token_ids) for s in sequences)
+    tail_s = tail_time(clock.times, makespan_s, len(sequences))
+    stats = generation.engine_stats
+    speculative = stats is not None and stats.get("drafted_tokens", 0) > 0
+    return {
+        "system": spec.system,
+        "num_sequences": len(sequences),
+        "makespan_s": makespan_s,
+        "output_tokens": output_tokens,
+        "tokens_per_s": output_tokens / makespan_s if makespan_s else 0.0,
+        "finish_times_s": sorted(clock.times),
+        "tail_s": tail_s,
+        "tail_share": tail_s / makespan_s if makespan_s else 0.0,
+        # one token per target forward without speculation
+        "mean_accept_len": stats["mean_acceptance_length"] if speculative else 1.0,
+        "acceptance_rate": stats["acceptance_rate"] if speculative else None,
+        "engine_stats": stats,
+        "sequences": [{"id": s.request_id, "sample": s.sample_index, "token_ids": s.token_ids, "text": s.text,
+                       "finish_reason": s.finish_reason} for s in sequences],
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        raise SystemExit("usage: python -m benchmark.worker SPEC.json OUT.json")
+    spec = RunSpec.from_dict(json.loads(Path(args[0]).read_text(encoding="utf-8")))
+    result = run_once(spec)
+    Path(args[1]).write_text(json.dumps(result), encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,118 @@
+"""The benchmark harness end to end on tiny random models (no timing assertions).
+
+One `bench` run (systems hf, ar, coupled with a draft model, oracle; 1 repeat; 2 prompts x 2
+samples, 6 new tokens, fp32) in worker subprocesses, shared by the tests below.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from benchmark.cli import app
+from benchmark.metrics import compare_to_reference, first_difference, tail_time
+from benchmark.systems import FinishClock, OracleDrafter, RunSpec, build_system
+from benchmark.traces import TRACES, build_requests, sampling_config, trace_items
+from specactor_engine.drafters import DraftRequest
+from specactor_engine.sampling import SamplingParams, sequence_key
+from specactor_engine.state import SequenceState
+from tests.fixtures.tiny_models import save_tiny_model
+
+SYSTEM_KEYS = {"makespan_s", "tokens_per_s", "output_tokens", "tail_share", "mean_accept_len", "acceptance_rate",
+               "identical_to_ar", "peak_rss_mb", "load_s", "repeats"}
+NUM_SEQUENCES = 4
+
+
+@pytest.fixture(scope="module")
+def bench_results(tmp_path_factory) -> tuple[Path, dict]:
+    root = tmp_path_factory.mktemp("bench")
+    target = save_tiny_model(root / "target", "llama", seed=0)
+    drafter = save_tiny_model(root / "drafter", "llama", seed=0, num_layers=1)
+    out = root / "out"
+    args = ["--trace", "quick", "--model", f"{target}:{drafter}", "--systems", "hf,ar,coupled,oracle",
+            "--repeats", "1", "--prompts", "2", "--samples", "2", "--max-new-tokens", "6", "--out", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    return out, json.loads((out / "results.json").read_text())
+
+
+def test_results_have_every_figure(bench_results):
+    out, results = bench_results
+    assert {"machine", "trace", "settings", "systems", "command"} <= results.keys()
+    assert {"cpu_model", "logical_cpus", "threads", "versions", "git"} <= results["machine"].keys()
+    assert set(results["systems"]) == {"hf", "ar", "coupled", "oracle"}
+    for name, entry in results["systems"].items():
+        assert SYSTEM_KEYS <= entry.keys(), name
+        assert entry["repeats"] == 1 and "error" not in entry, name
+        assert len(entry["makespan_s"]) == len(entry["tokens_per_s"]) == 1
+        assert 0 < entry["output_tokens"][0] <= NUM_SEQUENCES * 6
+        assert 0.0 <= entry["tail_share"][0] <= 1.0
+    assert (out / "results.md").read_text().count("| `") == 4
+    assert (out / "trace.json").is_file()
+
+
+def test_ar_is_its_own_reference_and_oracle_accepts_everything(bench_results):
+    _, results = bench_results
+    systems = results["systems"]
+    assert systems["ar"]["identical_to_ar"] == [1.0]
+    assert systems["ar"]["mean_accept_len"] == [1.0]
+    assert systems["oracle"]["acceptance_rate"] == [1.0]
+    assert systems["oracle"]["identical_to_ar"] == [1.0]
+    # fp32 tiny models: speculation is lossless, whatever the drafter
+    assert systems["coupled"]["identical_to_ar"] == [1.0]
+
+
+def test_hf_greedy_matches_ar_on_a_tiny_model(tmp_path):
+    """Greedy fp32, in process: transformers generate and the engine emit the same tokens and finish reasons."""
+    target = save_tiny_model(tmp_path / "target", "qwen2", seed=3)
+    trace = TRACES["quick"].with_overrides(num_prompts=3, samples_per_prompt=1, max_new_tokens=12, temperature=0.0)
+    requests, sampling = build_requests(trace), sampling_config(trace)
+    outputs = {}
+    for system in ("hf", "ar"):
+        spec = RunSpec(system=system, trace=trace, target=str(target), drafter=None, dtype="float32")
+        clock = FinishClock()
+        clock.start()
+        generation = build_system(spec).generate(requests, sampling, clock)
+        assert len(clock.times) == len(requests)
+        outputs[system] = [(s.request_id, s.token_ids, s.finish_reason) for s in generation.sequences]
+    assert outputs["hf"] == outputs["ar"]
+
+
+def test_oracle_drafter_proposes_the_reference_at_the_current_position():
+    key = sequence_key(0, "r", 1)
+    drafter = OracleDrafter({key: [10, 11, 12, 13, 14]})
+    state = SequenceState.allocate(2, 16)
+    state.lengths[:] = torch.tensor([5, 4])
+    state.prompt_lengths[:] = torch.tensor([3, 4])  # slot 0 emitted 2 tokens, slot 1 none
+    state.seq_keys[:] = torch.tensor([key, sequence_key(0, "other", 0)])
+    request = DraftRequest(torch.tensor([0, 1]), torch.tensor([4, 4]), SamplingParams(1.0, 0, 1.0))
+    proposal = drafter.propose(state, request)
+    assert proposal.num_tokens.tolist() == [3, 0]
+    assert proposal.token_ids[0, :3].tolist() == [12, 13, 14]
+
+
+def test_tail_time_and_identity():
+    assert tail_time([1.0, 2.0, 3.0, 10.0], 10.0, 4) == pytest.approx(7.0)
+    assert tail_time([1.0], 5.0, 4) == 0.0  # unfinished sequences count as finishing at the makespan
+    assert first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert first_difference([1, 2], [1, 2, 3]) == 2
+    assert first_difference([1, 5, 3], [1, 2, 3]) == 1
+    ref = [{"id": "a", "sample": 0, "token_ids": [1, 2]}, {"id": "a", "sample": 1, "token_ids": [3]}]
+    mine = [{"id": "a", "sample": 0, "token_ids": [1, 2]}, {"id": "a", "sample": 1, "token_ids": [4]}]
+    fraction, mismatches = compare_to_reference(mine, ref)
+    assert fraction == 0.5 and mismatches[0]["first_diff"] == 0
+
+
+def test_traces_match_the_protocol():
+    assert TRACES["A"].num_sequences == 32 and TRACES["A"].max_new_tokens == 256
+    assert TRACES["B"].num_sequences == 128 and TRACES["G"].temperature == 0.0
+    assert TRACES["quick"].num_sequences == 16
+    subset = TRACES["A"].with_overrides(num_prompts=4)
+    assert [item["task"] for item in trace_items(subset)] == ["chain_sum", "basic_arithmetic"] * 2
+    requests = build_requests(subset)
+    assert len({r.request_id for r in requests}) == 4
+    assert "\\boxed{}" in requests[0].messages[0]["content"]
