@@ -39,6 +39,12 @@ def parse_model(text: str | None, default: ModelPair) -> ModelPair:
     return ModelPair(target, drafter or None)
 
 
+def command_line() -> str:
+    """How this process was started, for the results (`python -m benchmark ...` or `specactor bench ...`)."""
+    program = Path(sys.argv[0]).name
+    return " ".join(["python -m benchmark" if program == "__main__.py" else program, shlex.join(sys.argv[1:])])
+
+
 @app.command()
 def bench(
     out: Annotated[Path, typer.Option("--out", help="Output directory (results.json, results.md, runs/).")],
@@ -59,6 +65,8 @@ def bench(
     wait_load: Annotated[float | None, typer.Option(
         "--wait-load", help="First wait (up to 10 min) for a 1-minute load average at most this.")] = None,
     profile: Annotated[str, typer.Option("--profile", help="Comma-separated systems to cProfile.")] = "",
+    oracle_passes: Annotated[int, typer.Option(
+        "--oracle-passes", min=1, help="Oracle runs; all but the last are untimed and refresh its drafts.")] = 2,
 ) -> None:
     """Run systems side by side on one trace (BENCHMARK.md) and write the results."""
     from benchmark.run import BenchPlan, run_bench
@@ -76,12 +84,13 @@ def bench(
     plan = BenchPlan(trace=trace, systems=tuple(s.strip() for s in systems.split(",") if s.strip()),
                      repeats=repeats, out=out, target=pair.target, drafter=pair.drafter, dtype=trace.dtype,
                      max_batch_size=max_batch, num_draft_tokens=num_draft_tokens, threads=threads,
-                     max_load=wait_load, profile=tuple(s for s in profile.split(",") if s))
+                     max_load=wait_load, profile=tuple(s for s in profile.split(",") if s),
+                     oracle_passes=oracle_passes)
     try:
         plan.run_order()
     except ValueError as exc:
         _fail(str(exc))
-    results = run_bench(plan, command=shlex.join(["bench", *sys.argv[1:]]))
+    results = run_bench(plan, command=command_line())
     typer.echo((out / "results.md").read_text(encoding="utf-8"))
     if any(entry.get("error") for entry in results["systems"].values()):
         raise typer.Exit(code=1)

@@ -30,7 +30,7 @@ logger = logging.getLogger(__name__)
 
 REFERENCE_SYSTEM = "ar"
 PER_RUN_FIGURES = ("makespan_s", "tokens_per_s", "output_tokens", "tail_s", "tail_share", "mean_accept_len",
-                   "acceptance_rate", "peak_rss_mb", "load_s", "warmup_s", "loadavg_1m_start", "cpu_share",
+                   "acceptance_rate", "peak_rss_mb", "load_s", "warmup_s", "prepare_s", "loadavg_1m_start", "cpu_share",
                    "others_cpu_share")
 MAX_LISTED_MISMATCHES = 50
 
@@ -51,6 +51,7 @@ class BenchPlan:
     threads: int = 2
     max_load: float | None = None  # wait for a 1-minute load average at most this before starting
     profile: tuple[str, ...] = ()  # systems to run under cProfile (timed region only)
+    oracle_passes: int = 1  # see OracleEngine
 
     def run_order(self) -> tuple[str, ...]:
         """The systems in run order: `ar` first when another system needs its outputs."""
@@ -66,7 +67,7 @@ class BenchPlan:
         return RunSpec(system=system, trace=self.trace, target=self.target, drafter=self.drafter, dtype=self.dtype,
                        max_batch_size=self.max_batch_size, num_draft_tokens=self.num_draft_tokens,
                        threads=self.threads, reference_path=str(reference) if reference else None,
-                       profile_path=profile)
+                       oracle_passes=self.oracle_passes, profile_path=profile)
 
 
 def run_worker(spec: RunSpec, out_json: Path) -> dict[str, Any]:
@@ -125,7 +126,8 @@ def run_bench(plan: BenchPlan, command: str = "") -> dict[str, Any]:
         "trace": plan.trace.to_dict(),
         "settings": {"target": plan.target, "drafter": plan.drafter, "dtype": plan.dtype,
                      "max_batch_size": plan.max_batch_size, "num_draft_tokens": plan.num_draft_tokens,
-                     "threads": plan.threads, "repeats": plan.repeats, "run_order": list(plan.run_order()),
+                     "threads": plan.threads, "repeats": plan.repeats, "oracle_passes": plan.oracle_passes,
+                     "run_order": list(plan.run_order()),
                      "num_sequences": plan.trace.num_sequences},
         "systems": aggregate(runs, errors),
     }

@@ -4,7 +4,8 @@
 
 One process per run keeps peak RSS per system clean and the thread budget exact. Order:
 load the models (load_s), a short warm-up generate (warmup_s), then the timed rollout of the
-whole trace (makespan: from submitting the requests to the last token).
+whole trace (makespan: from submitting the requests to the last token). Systems that need
+untimed work on the trace itself (the oracle's extra passes) do it in between (prepare_s).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import resource
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import torch
 
@@ -27,6 +28,7 @@ from benchmark.systems import FinishClock, Generation, RunSpec, build_system
 from benchmark.traces import build_requests, sampling_config
 
 WARMUP_NEW_TOKENS = 8
+T = TypeVar("T")
 
 
 def peak_rss_mb() -> float:
@@ -39,13 +41,10 @@ def run_once(spec: RunSpec) -> dict[str, Any]:
     torch.set_num_threads(spec.threads)
     requests, sampling = build_requests(spec.trace), sampling_config(spec.trace)
     loadavg_start = os.getloadavg()[0]
-    started = time.perf_counter()
-    system = build_system(spec)
-    load_s = time.perf_counter() - started
-    started = time.perf_counter()
-    system.generate(requests[:1], sampling.model_copy(update={"n": 1, "max_new_tokens": WARMUP_NEW_TOKENS}),
-                    FinishClock())
-    warmup_s = time.perf_counter() - started
+    system, load_s = _timed(build_system, spec)
+    warmup = sampling.model_copy(update={"n": 1, "max_new_tokens": WARMUP_NEW_TOKENS})
+    _, warmup_s = _timed(system.generate, requests[:1], warmup, FinishClock())
+    _, prepare_s = _timed(system.prepare, requests, sampling)
     gc.collect()
     clock = FinishClock()
     profiler = cProfile.Profile() if spec.profile_path else None
@@ -60,9 +59,14 @@ def run_once(spec: RunSpec) -> dict[str, Any]:
         profiler.disable()
         profiler.dump_stats(spec.profile_path)
     return _figures(spec, generation, clock, makespan_s) | contention | {
-        "load_s": load_s, "warmup_s": warmup_s, "peak_rss_mb": peak_rss_mb(), "loadavg_1m_start": loadavg_start,
-        "loadavg_1m_end": os.getloadavg()[0], "threads": torch.get_num_threads(),
+        "load_s": load_s, "warmup_s": warmup_s, "prepare_s": prepare_s, "peak_rss_mb": peak_rss_mb(),
+        "loadavg_1m_start": loadavg_start, "loadavg_1m_end": os.getloadavg()[0], "threads": torch.get_num_threads(),
     }
+
+
+def _timed(fn: Callable[..., T], *args: Any) -> tuple[T, float]:
+    started = time.perf_counter()
+    return fn(*args), time.perf_counter() - started
 
 
 def _cpu_shares(busy_before: float | None, own_before: float, makespan_s: float, threads: int
