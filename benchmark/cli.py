@@ -65,6 +65,9 @@ def bench(
     wait_load: Annotated[float | None, typer.Option(
         "--wait-load", help="First wait (up to 10 min) for a 1-minute load average at most this.")] = None,
     profile: Annotated[str, typer.Option("--profile", help="Comma-separated systems to cProfile.")] = "",
+    slow_systems: Annotated[str, typer.Option(
+        "--slow-systems", help="Comma-separated systems that run only --slow-repeats times.")] = "",
+    slow_repeats: Annotated[int, typer.Option("--slow-repeats", min=1, help="Runs of each slow system.")] = 1,
     oracle_passes: Annotated[int, typer.Option(
         "--oracle-passes", min=1, help="Oracle runs; all but the last are untimed and refresh its drafts.")] = 2,
 ) -> None:
@@ -85,7 +88,8 @@ def bench(
                      repeats=repeats, out=out, target=pair.target, drafter=pair.drafter, dtype=trace.dtype,
                      max_batch_size=max_batch, num_draft_tokens=num_draft_tokens, threads=threads,
                      max_load=wait_load, profile=tuple(s for s in profile.split(",") if s),
-                     oracle_passes=oracle_passes)
+                     oracle_passes=oracle_passes, slow_systems=tuple(s for s in slow_systems.split(",") if s),
+                     slow_repeats=slow_repeats)
     try:
         plan.run_order()
     except ValueError as exc:

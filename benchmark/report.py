@@ -68,6 +68,7 @@ def render_markdown(results: dict[str, Any]) -> str:
     ]
     lines += ["| " + " | ".join(system_row(name, entry, reference)) + " |" for name, entry in systems.items()]
     lines += _notes(systems, greedy=trace["temperature"] == 0)
+    lines += [f"- `{name}` not run: {why}" for name, why in (results.get("skipped") or {}).items()]
     return "\n".join(lines) + "\n"
 
 

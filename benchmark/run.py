@@ -6,6 +6,7 @@ Writes into the output directory:
     runs/<system>-<r>.log  the worker's stderr
     results.json           machine, versions, git commit, settings and per-system figures (all repeats)
     results.md             the table: median (min-max) per system
+    *.png                  plots (benchmark/plots.py)
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from typing import Any
 
 from benchmark.machine import REPO_ROOT, machine_info, wait_for_quiet
 from benchmark.metrics import compare_to_reference
+from benchmark.plots import write_plots
 from benchmark.report import render_markdown
-from benchmark.systems import SYSTEMS, RunSpec, write_references
+from benchmark.systems import SYSTEMS, RunSpec, system_unavailable, write_references
 from benchmark.traces import Trace, trace_items
 
 logger = logging.getLogger(__name__)
@@ -52,6 +54,11 @@ class BenchPlan:
     max_load: float | None = None  # wait for a 1-minute load average at most this before starting
     profile: tuple[str, ...] = ()  # systems to run under cProfile (timed region only)
     oracle_passes: int = 1  # see OracleEngine
+    slow_systems: tuple[str, ...] = ()  # these run `slow_repeats` times instead of `repeats`
+    slow_repeats: int = 1
+
+    def repeats_of(self, system: str) -> int:
+        return min(self.slow_repeats, self.repeats) if system in self.slow_systems else self.repeats
 
     def run_order(self) -> tuple[str, ...]:
         """The systems in run order: `ar` first when another system needs its outputs."""
@@ -98,10 +105,13 @@ def run_bench(plan: BenchPlan, command: str = "") -> dict[str, Any]:
     started = time.time()
     runs: dict[str, list[dict[str, Any]]] = {s: [] for s in plan.run_order()}
     errors: dict[str, str] = {}
+    skipped = {s: why for s in plan.run_order() if (why := system_unavailable(s)) is not None}
+    for system, why in skipped.items():
+        logger.warning("skipping %s: %s", system, why)
     for repeat in range(plan.repeats):
         reference: Path | None = None
         for system in plan.run_order():
-            if system in errors:
+            if system in errors or system in skipped or repeat >= plan.repeats_of(system):
                 continue
             out_json = runs_dir / f"{system}-{repeat}.json"
             try:
@@ -127,12 +137,15 @@ def run_bench(plan: BenchPlan, command: str = "") -> dict[str, Any]:
         "settings": {"target": plan.target, "drafter": plan.drafter, "dtype": plan.dtype,
                      "max_batch_size": plan.max_batch_size, "num_draft_tokens": plan.num_draft_tokens,
                      "threads": plan.threads, "repeats": plan.repeats, "oracle_passes": plan.oracle_passes,
+                     "repeats_per_system": {s: plan.repeats_of(s) for s in plan.run_order()},
                      "run_order": list(plan.run_order()),
                      "num_sequences": plan.trace.num_sequences},
-        "systems": aggregate(runs, errors),
+        "systems": aggregate({s: r for s, r in runs.items() if s not in skipped}, errors),
+        "skipped": skipped,
     }
     _write_json(plan.out / "results.json", results)
     (plan.out / "results.md").write_text(render_markdown(results), encoding="utf-8")
+    write_plots(plan.out, results)
     return results
 
 
@@ -146,6 +159,8 @@ def aggregate(runs: dict[str, list[dict[str, Any]]], errors: dict[str, str]) -> 
             entry[figure] = [r[figure] for r in results]
         entry["identical_to_ar"], entry["mismatches"] = _identity(results, reference)
         entry["finish_reasons"] = _finish_reasons(results[0]) if results else {}
+        if results and (results[0].get("engine_stats") or {}).get("vllm_version"):
+            entry["vllm_version"] = results[0]["engine_stats"]["vllm_version"]
         if system in errors:
             entry["error"] = errors[system]
         summary[system] = entry

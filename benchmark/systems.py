@@ -106,6 +106,9 @@ class System(ABC):
     def prepare(self, requests: Sequence[Request], sampling: SamplingConfig) -> None:
         """Untimed work on the trace itself before the timed run (default: none)."""
 
+    def close(self) -> None:
+        """Release what the system holds outside this process (default: nothing)."""
+
 
 SYSTEMS: dict[str, Callable[[RunSpec], System]] = {}
 
@@ -122,6 +125,14 @@ def build_system(spec: RunSpec) -> System:
     if spec.system not in SYSTEMS:
         raise ValueError(f"unknown system {spec.system!r}; known: {', '.join(SYSTEMS)}")
     return SYSTEMS[spec.system](spec)
+
+
+def system_unavailable(name: str) -> str | None:
+    """Why system `name` cannot run here (None: it can); checked before a plan starts."""
+    cls = SYSTEMS.get(name)
+    if isinstance(cls, type) and issubclass(cls, VLLMSystem):
+        return vllm_available()
+    return None
 
 
 def _resolve(name: str, dtype: str) -> Path:
@@ -341,3 +352,153 @@ class OracleEngine(EngineSystem):
             outputs = self.engine.generate(requests, sampling).outputs
             self.oracle.references = {sequence_key(sampling.seed, o.request_id, o.sample_index): o.token_ids
                                       for o in outputs}
+
+
+# ---------------------------------------------------------------------------------------- vllm
+def vllm_python() -> Path:
+    """The interpreter of vLLM's own venv: $SPECACTOR_VLLM_PYTHON, else `make vllm-env`'s .venv-vllm."""
+    import os
+
+    from benchmark.machine import REPO_ROOT
+
+    return Path(os.environ.get("SPECACTOR_VLLM_PYTHON") or REPO_ROOT / ".venv-vllm" / "bin" / "python")
+
+
+def vllm_available() -> str | None:
+    """None when vLLM can run, else why not (the harness reports it and runs the rest)."""
+    python = vllm_python()
+    if not python.exists():
+        return f"no vLLM environment at {python} (run `make vllm-env` or set SPECACTOR_VLLM_PYTHON)"
+    return None
+
+
+class _GenerationConfigHolder:
+    """What `eos_token_ids` reads from a model, without loading its weights."""
+
+    def __init__(self, path: Path) -> None:
+        from transformers import GenerationConfig
+
+        try:
+            self.generation_config = GenerationConfig.from_pretrained(path)
+        except OSError:  # no generation_config.json: the tokenizer's EOS alone
+            self.generation_config = None
+
+
+class VLLMSystem(System):
+    """vLLM's CPU build in its own venv, driven through `benchmark/vllm_driver.py` (JSON lines).
+
+    Same prompt token ids as the engine (this side applies the chat template), EOS ids as stop
+    ids, one request per sample with its own seed (vLLM's sampler: texts at temperature > 0 are
+    not expected to match `ar`). All requests are submitted at once; vLLM schedules them.
+    """
+
+    speculative = False
+    KV_CACHE_GIB = 4
+    PROMPT_ROOM = 2048  # max_model_len = this + max_new_tokens
+
+    def __init__(self, spec: RunSpec) -> None:
+        import os
+        import subprocess
+
+        from transformers import AutoTokenizer
+
+        from benchmark.machine import REPO_ROOT
+        from specactor_engine.tokenize import eos_token_ids
+
+        reason = vllm_available()
+        if reason is not None:
+            raise RuntimeError(reason)
+        path = _resolve(spec.target, spec.dtype)
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.stop_ids = eos_token_ids(self.tokenizer, _GenerationConfigHolder(path))
+        cache = Path(os.environ.get("XDG_CACHE_HOME") or REPO_ROOT / ".cache")
+        env = os.environ | {
+            "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_CPU_KVCACHE_SPACE": str(self.KV_CACHE_GIB),
+            "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_CACHE_ROOT": str(cache / "vllm"),
+            "OMP_NUM_THREADS": str(spec.threads), "PYTHONPATH": "",
+        }
+        self.proc = subprocess.Popen([str(vllm_python()), str(REPO_ROOT / "benchmark" / "vllm_driver.py")],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True, bufsize=1)
+        settings = {"model": str(path), "dtype": spec.dtype, "max_model_len": self.PROMPT_ROOM
+                    + spec.trace.max_new_tokens, "seed": spec.trace.seed, "threads": spec.threads,
+                    "speculative_config": self._speculative_config(spec)}
+        loaded = self._ask(settings)
+        self.version = loaded["version"]
+
+    def _speculative_config(self, spec: RunSpec) -> dict[str, Any] | None:
+        return None
+
+    def _ask(self, message: dict[str, Any], on_finish: Callable[[int], None] | None = None) -> dict[str, Any]:
+        """Send one command; relay `finish` events; return the closing event."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps(message) + "\n")
+        self.proc.stdin.flush()
+        for line in self.proc.stdout:
+            event = json.loads(line)
+            if event["event"] == "finish":
+                if on_finish is not None:
+                    on_finish(event["count"])
+                continue
+            return event
+        raise RuntimeError(f"the vLLM driver exited (code {self.proc.wait()}); see this run's log")
+
+    def generate(self, requests: Sequence[Request], sampling: SamplingConfig, clock: FinishClock) -> Generation:
+        from specactor_engine.tokenize import encode_request
+
+        items = []
+        for request in requests:
+            ids, error = encode_request(request, self.tokenizer, chat_template=True)
+            if error is not None:
+                raise ValueError(error)
+            for j in range(sampling.n):
+                seed = sequence_key(sampling.seed, request.request_id, j) & 0x7FFFFFFF
+                items.append({"id": request.request_id, "sample": j, "prompt_token_ids": ids, "seed": seed})
+        params = {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
+                  "max_tokens": sampling.max_new_tokens, "stop_token_ids": sorted(self.stop_ids)}
+        done = self._ask({"cmd": "generate", "requests": items, "sampling": params}, on_finish=clock.mark)
+        sequences = [SequenceResult(s["id"], s["sample"], s["token_ids"], s["text"], s["finish_reason"])
+                     for s in done["sequences"]]
+        self.peak_rss_mb = done["peak_rss_mb"]
+        return Generation(sequences, self._stats(done.get("spec"), sequences))
+
+    def _stats(self, spec: dict[str, float] | None, sequences: list[SequenceResult]) -> dict[str, Any]:
+        """Engine-like stats: vLLM's version, and its speculative counters when it speculated."""
+        stats: dict[str, Any] = {"vllm_version": self.version, "drafted_tokens": 0}
+        if spec and spec.get("drafts"):
+            accepted, drafts = spec.get("accepted_tokens", 0.0), spec["drafts"]
+            stats |= {"drafted_tokens": spec.get("draft_tokens", 0.0), "accepted_tokens": accepted,
+                      "mean_acceptance_length": 1.0 + accepted / drafts,
+                      "acceptance_rate": accepted / spec["draft_tokens"] if spec.get("draft_tokens") else 0.0}
+        return stats
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(json.dumps({"cmd": "exit"}) + "\n")
+            self.proc.stdin.flush()
+            self.proc.wait(timeout=60)
+
+
+@register_system("vllm")
+class VLLMPlain(VLLMSystem):
+    """vLLM without speculation."""
+
+
+@register_system("vllm-spec")
+class VLLMSpeculative(VLLMSystem):
+    """vLLM's own speculative decoding: the trace's draft model, or n-gram when it has none."""
+
+    def _speculative_config(self, spec: RunSpec) -> dict[str, Any] | None:
+        if spec.drafter is None:
+            return VLLMNgram._speculative_config(self, spec)
+        return {"model": str(_resolve(spec.drafter, spec.dtype)), "num_speculative_tokens": spec.num_draft_tokens}
+
+
+@register_system("vllm-ngram")
+class VLLMNgram(VLLMSystem):
+    """vLLM's n-gram (prompt lookup) speculation."""
+
+    def _speculative_config(self, spec: RunSpec) -> dict[str, Any] | None:
+        return {"method": "ngram", "num_speculative_tokens": spec.num_draft_tokens, "prompt_lookup_max": 4,
+                "prompt_lookup_min": 1}

@@ -58,8 +58,11 @@ def run_once(spec: RunSpec) -> dict[str, Any]:
     if profiler is not None:
         profiler.disable()
         profiler.dump_stats(spec.profile_path)
+    system.close()
+    # a system that runs in a child process (vLLM) reports that process's peak
+    peak = max(peak_rss_mb(), getattr(system, "peak_rss_mb", 0.0))
     return _figures(spec, generation, clock, makespan_s) | contention | {
-        "load_s": load_s, "warmup_s": warmup_s, "prepare_s": prepare_s, "peak_rss_mb": peak_rss_mb(),
+        "load_s": load_s, "warmup_s": warmup_s, "prepare_s": prepare_s, "peak_rss_mb": peak,
         "loadavg_1m_start": loadavg_start, "loadavg_1m_end": os.getloadavg()[0], "threads": torch.get_num_threads(),
     }
 

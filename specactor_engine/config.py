@@ -104,7 +104,12 @@ class RolloutConfig(_Frozen):
     """How the engine decodes: mode, speculation length, acceptance rule and drafters."""
 
     mode: RolloutMode = Field("coupled", description="'ar': no speculation; 'coupled': draft then verify.")
-    num_draft_tokens: int = Field(4, ge=1, le=16, description="Draft tokens per row per verify round (k).")
+    num_draft_tokens: int = Field(4, ge=1, le=16, description="Draft tokens per row per verify round (k; "
+                                  "with verify_length 'dynamic', the most it may choose).")
+    verify_length: Literal["fixed", "dynamic"] = Field(
+        "dynamic", description="'fixed': always num_draft_tokens; 'dynamic': each round picks 0..num_draft_tokens "
+        "from a verify-cost profile and live acceptance (0 = plain decoding), so speculation never costs more "
+        "than it saves.")
     acceptance: AcceptanceRule = Field(
         "position_keyed",
         description="'position_keyed': seeded Gumbel coupling; 'rejection': classic min(1, p/q) rule.",

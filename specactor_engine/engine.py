@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 
 from specactor_engine import acceptance
+from specactor_engine.cost_profile import load_or_measure
 from specactor_engine.drafters import DraftRequest, Drafter, DrafterContext, build_drafter
 from specactor_engine.model_runner import ModelRunner, load_hf_model
 from specactor_engine.sampling import (
@@ -37,6 +38,7 @@ from specactor_engine.state import SequenceState
 from specactor_engine.stopping import StopRules, find_stop_string, truncate_emitted
 from specactor_engine.tokenize import encode_request, eos_token_ids
 from specactor_engine.types import DraftProposal, EngineStats, Request, RolloutResult, SequenceOutput
+from specactor_engine.verify_length import AcceptanceStats, CostTable, VerifyLengthPolicy
 from specactor_engine.weights import load_named_weights
 
 logger = logging.getLogger(__name__)
@@ -62,7 +64,8 @@ class Engine:
 
     def __init__(self, target: torch.nn.Module, tokenizer: Any, *, mode: str = "ar", num_draft_tokens: int = 4,
                  acceptance_rule: str = "position_keyed", max_batch_size: int = 256, max_model_len: int = 2048,
-                 chat_template: bool = True, drafters: Sequence[Drafter] = (), check_invariants: bool = False) -> None:
+                 chat_template: bool = True, drafters: Sequence[Drafter] = (), check_invariants: bool = False,
+                 verify_length: str = "fixed", cost_table: CostTable | None = None) -> None:
         self.tokenizer = tokenizer
         self.mode = mode
         self.num_draft_tokens = num_draft_tokens if mode != "ar" else 0
@@ -72,6 +75,13 @@ class Engine:
         self.chat_template = chat_template
         self.drafters = list(drafters) if mode != "ar" else []
         self.check_invariants = check_invariants
+        if verify_length not in ("fixed", "dynamic"):
+            raise ValueError(f"verify_length must be 'fixed' or 'dynamic', got {verify_length!r}")
+        # dynamic: a VerifyLengthPolicy picks k in 0..num_draft_tokens each round (built on first use,
+        # from `cost_table` or the cached startup profile); it keeps its statistics across calls.
+        self.verify_length = verify_length if self.drafters else "fixed"
+        self.cost_table = cost_table
+        self.length_policy: VerifyLengthPolicy | None = None
         self.policy_version = 0
         self.vocab_size = target.config.vocab_size
         self.runner = ModelRunner(target)
@@ -98,7 +108,7 @@ class Engine:
         return cls(target, tokenizer, mode=config.rollout.mode, num_draft_tokens=config.rollout.num_draft_tokens,
                    acceptance_rule=config.rollout.acceptance, max_batch_size=config.rollout.max_batch_size,
                    max_model_len=config.model.max_model_len, chat_template=config.model.chat_template,
-                   drafters=drafters)
+                   drafters=drafters, verify_length=config.rollout.verify_length)
 
     # ------------------------------------------------------------------ weights
     def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int,
@@ -125,12 +135,24 @@ class Engine:
                             accepted_per_position=[0] * self.num_draft_tokens)
         sequences = self._prepare(requests, sampling)
         runnable = [s for s in sequences if s.error is None]
-        run = _Run(self, sampling, stats, self._reserve(runnable, sampling))
+        if self.verify_length == "dynamic" and runnable:
+            self._ensure_length_policy(min(len(runnable), self.max_batch_size))
+        run = _Run(self, sampling, stats, self._reserve(runnable, sampling), started)
         run.decode(runnable, progress)
         stats.total_s = time.perf_counter() - started
         stats.num_sequences = len(sequences)
         stats.output_tokens = sum(len(s.output_ids) for s in sequences)
         return RolloutResult([self._to_output(s) for s in sequences], stats)
+
+    def _ensure_length_policy(self, max_rows: int) -> None:
+        """Build the verify-length policy; re-profile if this call's batch outgrows the table."""
+        table = self.cost_table
+        if table is None or table.batch_sizes[-1] < max_rows:
+            table = self.cost_table = load_or_measure(self.runner, max_rows, self.num_draft_tokens)
+        if self.length_policy is None:
+            self.length_policy = VerifyLengthPolicy(table, AcceptanceStats(max_k=self.num_draft_tokens))
+        else:
+            self.length_policy.cost = table
 
     def _reserve(self, sequences: list[_Sequence], sampling: Any) -> tuple[int, int]:
         """Allocate target and drafter caches for this call: (slots, tokens per slot)."""
@@ -165,8 +187,10 @@ class Engine:
 class _Run:
     """State of one `generate` call: slots, sequences in flight, the round loop."""
 
-    def __init__(self, engine: Engine, sampling: Any, stats: EngineStats, capacity: tuple[int, int]) -> None:
+    def __init__(self, engine: Engine, sampling: Any, stats: EngineStats, capacity: tuple[int, int],
+                 started: float) -> None:
         self.engine = engine
+        self.started = started
         self.runner = engine.runner
         self.stats = stats
         self.params = SamplingParams(sampling.temperature, sampling.top_k, sampling.top_p)
@@ -223,11 +247,16 @@ class _Run:
 
     # ------------------------------------------------------------------ one verify round
     def _round(self) -> None:
+        round_started = time.perf_counter()
         slots = torch.tensor(sorted(self.slot_seq))
         caps = self._draft_caps(slots)
+        policy = self.engine.length_policy if self.engine.verify_length == "dynamic" else None
+        if policy is not None:
+            caps = caps.clamp_max(policy.choose(len(slots)))
         started = time.perf_counter()
         proposal, sources = self._propose(slots, caps)
-        self.stats.draft_s += time.perf_counter() - started
+        draft_s = time.perf_counter() - started
+        self.stats.draft_s += draft_s
         started = time.perf_counter()
         last = self.state.tokens[slots, self.state.lengths[slots] - 1]
         inputs = torch.cat([last[:, None], proposal.token_ids], dim=1)  # [R, k+1]
@@ -235,7 +264,11 @@ class _Run:
         self.stats.verify_s += time.perf_counter() - started
         self.stats.verify_rounds += 1
         self.stats.row_rounds += len(slots)
-        self._emit(slots, logits, proposal.token_ids, proposal.num_tokens, proposal.probs, sources)
+        num_accepted = self._emit(slots, logits, proposal.token_ids, proposal.num_tokens, proposal.probs, sources)
+        if policy is not None:
+            k = int(caps.max()) if len(caps) else 0
+            policy.observe_round(k, caps.numpy(), num_accepted.numpy(), draft_s, time.perf_counter() - round_started,
+                                 len(slots))
 
     def _draft_caps(self, slots: torch.Tensor) -> torch.Tensor:
         """Per-row draft count so a round never passes max_new_tokens or the context: [R]."""
@@ -297,7 +330,8 @@ class _Run:
         return acceptance.accept_rejection(drafts, num_drafts, draft_probs, target_probs, uniforms, recovery)
 
     def _emit(self, slots: torch.Tensor, logits: torch.Tensor, drafts: torch.Tensor, num_drafts: torch.Tensor,
-              draft_probs: torch.Tensor | None, sources: list[str | None] | None = None, prefill: bool = False) -> None:
+              draft_probs: torch.Tensor | None, sources: list[str | None] | None = None,
+              prefill: bool = False) -> torch.Tensor:
         """Accept, apply stop rules, commit every cache and retire finished rows.
 
         A verify block fed [last, d1..dk], so `counts` of its entries become committed KV;
@@ -312,12 +346,15 @@ class _Run:
         for drafter in self.engine.drafters:
             drafter.observe_commit(self.state, slots)
         self._observe(num_drafts, num_accepted, sources)
+        if not prefill:
+            self._record_round(drafts.shape[1], num_drafts, num_accepted, counts, sources)
         if self.engine.check_invariants:
             self._assert_invariants(slots)
         for slot in slots.tolist():
             if self.slot_seq[slot].finish_reason is not None:
                 del self.slot_seq[slot]
                 self.free.append(slot)
+        return num_accepted
 
     def _apply_stops(self, slots: torch.Tensor, output: torch.Tensor, emitted: torch.Tensor,
                      logprobs: torch.Tensor) -> torch.Tensor:
@@ -356,6 +393,18 @@ class _Run:
             if name is not None:
                 stats.drafted_per_drafter[name] = stats.drafted_per_drafter.get(name, 0) + int(num_drafts[row])
                 stats.accepted_per_drafter[name] = stats.accepted_per_drafter.get(name, 0) + int(num_accepted[row])
+
+    def _record_round(self, width: int, num_drafts: torch.Tensor, num_accepted: torch.Tensor, counts: torch.Tensor,
+                      sources: list[str | None] | None) -> None:
+        by_drafter: dict[str, int] = {}
+        for name in sources or []:
+            if name is not None:
+                by_drafter[name] = by_drafter.get(name, 0) + 1
+        self.stats.timeline.append({
+            "t": round(time.perf_counter() - self.started, 4), "rows": len(counts), "k": width,
+            "emitted": int(counts.sum()), "drafted": int(num_drafts.sum()), "accepted": int(num_accepted.sum()),
+            "by_drafter": by_drafter,
+        })
 
     def _assert_invariants(self, slots: torch.Tensor) -> None:
         """Target KV holds every committed token but the last; drafters check their own."""

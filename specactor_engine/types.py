@@ -97,6 +97,10 @@ class EngineStats:
     draft_s: float = 0.0
     verify_s: float = 0.0
     total_s: float = 0.0
+    # One entry per verify round, for plots over rollout progress: seconds since `generate`
+    # began, rows verified, draft width k, tokens emitted, tokens drafted and accepted, and
+    # the rows each drafter supplied ({name: rows}).
+    timeline: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def mean_acceptance_length(self) -> float:

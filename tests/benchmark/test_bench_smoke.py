@@ -33,9 +33,12 @@ def bench_results(tmp_path_factory) -> tuple[Path, dict]:
     target = save_tiny_model(root / "target", "llama", seed=0)
     drafter = save_tiny_model(root / "drafter", "llama", seed=0, num_layers=1)
     out = root / "out"
-    args = ["--trace", "quick", "--model", f"{target}:{drafter}", "--systems", "hf,ar,coupled,oracle",
+    args = ["--trace", "quick", "--model", f"{target}:{drafter}", "--systems", "hf,ar,coupled,oracle,vllm",
             "--repeats", "1", "--prompts", "2", "--samples", "2", "--max-new-tokens", "6", "--out", str(out)]
-    result = CliRunner().invoke(app, args)
+    with pytest.MonkeyPatch.context() as patch:
+        # vLLM lives in its own venv (make vllm-env); here it must be reported absent, not fail the run
+        patch.setenv("SPECACTOR_VLLM_PYTHON", str(root / "no-vllm" / "python"))
+        result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     return out, json.loads((out / "results.json").read_text())
 
@@ -53,6 +56,30 @@ def test_results_have_every_figure(bench_results):
         assert 0.0 <= entry["tail_share"][0] <= 1.0
     assert (out / "results.md").read_text().count("| `") == 4
     assert (out / "trace.json").is_file()
+
+
+def test_absent_vllm_is_reported_and_the_rest_runs(bench_results):
+    out, results = bench_results
+    assert "no vLLM environment" in results["skipped"]["vllm"]
+    assert "`vllm` not run: no vLLM environment" in (out / "results.md").read_text()
+
+
+def test_plots_are_written(bench_results):
+    out, _ = bench_results
+    for name in ("makespan.png", "throughput.png", "acceptance.png", "drafter_mix.png"):
+        data = (out / name).read_bytes()
+        assert data.startswith(b"\x89PNG") and len(data) > 5000, name
+
+
+def test_engine_runs_record_a_round_timeline(bench_results):
+    out, _ = bench_results
+    run = json.loads((out / "runs" / "coupled-0.json").read_text())
+    timeline = run["engine_stats"]["timeline"]
+    assert timeline and all(e["rows"] >= 1 and 0 <= e["accepted"] <= e["drafted"] for e in timeline)
+    assert [e["t"] for e in timeline] == sorted(e["t"] for e in timeline)
+    # every emitted token after the first (sampled at prefill) was emitted by a verify round
+    assert sum(e["emitted"] for e in timeline) == run["output_tokens"] - NUM_SEQUENCES
+    assert sum(sum(e["by_drafter"].values()) for e in timeline) > 0
 
 
 def test_ar_is_its_own_reference_and_oracle_accepts_everything(bench_results):

@@ -1,0 +1,167 @@
+"""PNG plots of one benchmark run (BENCHMARK.md "Output"), drawn from results.json and runs/*.json.
+
+    makespan.png      makespan per system: median bar, min-max whiskers
+    throughput.png    sequences finished over wall time (every system: the tail shows as a
+                      flat end) and output tokens/s over wall time (engine systems)
+    acceptance.png    tokens per row per verify (acceptance length) and draft width k over
+                      rollout progress (share of the run's output tokens emitted so far)
+    drafter_mix.png   share of verified rows drafted by each drafter over rollout progress
+
+The per-round figures come from the engine's `EngineStats.timeline` of each system's first
+repeat; systems without one (hf, vllm) appear only where their finish times suffice.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display
+import matplotlib.pyplot as plt  # noqa: E402 - after the backend choice
+
+from benchmark.metrics import spread  # noqa: E402
+
+PROGRESS_BINS = 20
+
+
+def load_first_runs(out: Path, systems: list[str]) -> dict[str, dict[str, Any]]:
+    """Each system's first repeat (runs/<system>-0.json) that exists."""
+    found = {}
+    for system in systems:
+        path = out / "runs" / f"{system}-0.json"
+        if path.exists():
+            found[system] = json.loads(path.read_text(encoding="utf-8"))
+    return found
+
+
+def plot_makespan(results: dict[str, Any], path: Path) -> None:
+    names, medians, lows, highs = [], [], [], []
+    for name, entry in results["systems"].items():
+        stats = spread(entry["makespan_s"])
+        if stats is None:
+            continue
+        names.append(name)
+        medians.append(stats["median"])
+        lows.append(stats["median"] - stats["min"])
+        highs.append(stats["max"] - stats["median"])
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    ax.bar(names, medians, yerr=[lows, highs], capsize=4, color="tab:blue")
+    for x, value in enumerate(medians):
+        ax.annotate(f"{value:.0f}", (x, value), ha="center", va="bottom", fontsize=8, xytext=(0, 2),
+                    textcoords="offset points")
+    ax.set_ylabel("makespan (s)")
+    ax.set_title(_title(results, "makespan (median, min-max)"))
+    _save(fig, path)
+
+
+def _tokens_per_s_over_time(timeline: list[dict[str, Any]], makespan: float) -> tuple[list[float], list[float]]:
+    width = max(makespan / PROGRESS_BINS, 1e-9)
+    bins = [0.0] * PROGRESS_BINS
+    for entry in timeline:
+        bins[min(int(entry["t"] / width), PROGRESS_BINS - 1)] += entry["emitted"]
+    return [width * (i + 0.5) for i in range(PROGRESS_BINS)], [b / width for b in bins]
+
+
+def plot_throughput(results: dict[str, Any], runs: dict[str, dict[str, Any]], path: Path) -> None:
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
+    for name, run in runs.items():
+        times = sorted(run["finish_times_s"])
+        left.step([0.0, *times], range(len(times) + 1), where="post", label=name)
+        timeline = (run.get("engine_stats") or {}).get("timeline")
+        if timeline:
+            xs, ys = _tokens_per_s_over_time(timeline, run["makespan_s"])
+            right.plot(xs, ys, marker=".", label=name)
+    left.set_xlabel("wall time (s)")
+    left.set_ylabel("sequences finished")
+    left.legend(fontsize=8)
+    right.set_xlabel("wall time (s)")
+    right.set_ylabel("output tokens/s (engine systems)")
+    right.legend(fontsize=8)
+    fig.suptitle(_title(results, "progress over wall time (first repeat)"))
+    _save(fig, path)
+
+
+def _by_progress(timeline: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Split the rounds into PROGRESS_BINS groups by the share of output tokens emitted so far."""
+    total = sum(e["emitted"] for e in timeline) or 1
+    groups: list[list[dict[str, Any]]] = [[] for _ in range(PROGRESS_BINS)]
+    done = 0
+    for entry in timeline:
+        groups[min(int(PROGRESS_BINS * done / total), PROGRESS_BINS - 1)].append(entry)
+        done += entry["emitted"]
+    return groups
+
+
+def _speculative(runs: dict[str, dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    return {name: run["engine_stats"]["timeline"] for name, run in runs.items()
+            if (run.get("engine_stats") or {}).get("timeline") and run["engine_stats"].get("drafted_tokens")}
+
+
+def plot_acceptance(results: dict[str, Any], runs: dict[str, dict[str, Any]], path: Path) -> None:
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
+    xs = [(i + 0.5) / PROGRESS_BINS for i in range(PROGRESS_BINS)]
+    for name, timeline in _speculative(runs).items():
+        groups = _by_progress(timeline)
+        accept = [sum(e["emitted"] for e in g) / max(sum(e["rows"] for e in g), 1) if g else None for g in groups]
+        width = [sum(e["k"] for e in g) / len(g) if g else None for g in groups]
+        left.plot(xs, accept, marker=".", label=name)
+        right.plot(xs, width, marker=".", label=name)
+    left.set_xlabel("rollout progress (share of output tokens)")
+    left.set_ylabel("tokens per row per verify")
+    right.set_xlabel("rollout progress (share of output tokens)")
+    right.set_ylabel("verify length k (drafts per row)")
+    for ax in (left, right):
+        ax.legend(fontsize=8)
+    fig.suptitle(_title(results, "acceptance and verify length over progress (first repeat)"))
+    _save(fig, path)
+
+
+def plot_drafter_mix(results: dict[str, Any], runs: dict[str, dict[str, Any]], path: Path) -> None:
+    speculative = _speculative(runs)
+    fig, axes = plt.subplots(1, max(len(speculative), 1), figsize=(5.5 * max(len(speculative), 1), 3.8),
+                             squeeze=False)
+    xs = [(i + 0.5) / PROGRESS_BINS for i in range(PROGRESS_BINS)]
+    for ax, (name, timeline) in zip(axes[0], speculative.items()):
+        groups = _by_progress(timeline)
+        drafters = sorted({d for e in timeline for d in e["by_drafter"]})
+        shares = {d: [] for d in [*drafters, "(no draft)"]}
+        for group in groups:
+            rows = sum(e["rows"] for e in group) or 1
+            for drafter in drafters:
+                shares[drafter].append(sum(e["by_drafter"].get(drafter, 0) for e in group) / rows)
+            shares["(no draft)"].append(1 - sum(shares[d][-1] for d in drafters) if group else 0.0)
+        ax.stackplot(xs, *shares.values(), labels=list(shares))
+        ax.set_title(name)
+        ax.set_xlabel("rollout progress")
+        ax.set_ylabel("share of verified rows")
+        ax.set_ylim(0, 1)
+        ax.legend(fontsize=8, loc="lower left")
+    if not speculative:
+        axes[0][0].text(0.5, 0.5, "no speculative engine system in this run", ha="center", va="center")
+    fig.suptitle(_title(results, "drafter mix over progress (first repeat)"))
+    _save(fig, path)
+
+
+def write_plots(out: Path, results: dict[str, Any]) -> list[Path]:
+    """Draw every plot of this run into `out`; returns the files written."""
+    runs = load_first_runs(out, list(results["systems"]))
+    paths = [out / name for name in ("makespan.png", "throughput.png", "acceptance.png", "drafter_mix.png")]
+    plot_makespan(results, paths[0])
+    plot_throughput(results, runs, paths[1])
+    plot_acceptance(results, runs, paths[2])
+    plot_drafter_mix(results, runs, paths[3])
+    return paths
+
+
+def _title(results: dict[str, Any], what: str) -> str:
+    trace = results["trace"]
+    return f"trace {trace['name']} ({results['settings']['num_sequences']} sequences): {what}"
+
+
+def _save(fig: Any, path: Path) -> None:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

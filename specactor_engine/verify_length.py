@@ -1,0 +1,160 @@
+"""Dynamic verify length: how many draft tokens per row the next verify round should check.
+
+A pure policy over statistics (no torch, no engine), so it can be unit-tested on its own:
+
+- `CostTable`: measured seconds of one verify round (target forward + sampling) by rows in the
+  batch and tokens per row (k + 1), interpolated between the measured batch sizes.
+- `AcceptanceStats`: exponential moving averages, per draft position j, of the chance that a
+  row verified with at least j drafts accepts its first j drafts (supply and acceptance in one:
+  a row whose drafter supplied fewer than j drafts counts as not accepting the j-th).
+- `VerifyLengthPolicy.choose(rows)`: the k in 0..max_k maximising expected emitted tokens per
+  second, rows * E[k] / (verify(rows, k+1) + draft(k) + overhead), where
+  E[k] = 1 + sum_{j<=k} q_j. k = 0 is plain decoding. The current k changes only when another
+  is better by more than the hysteresis. While k is below max_k, every `probe_every` rounds
+  it verifies max_k once, so the statistics of the deeper positions stay fresh.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class CostTable:
+    """seconds[b][w]: one verify round of batch_sizes[b] rows, widths[w] tokens per row.
+
+    Widths run 1..max_k+1 (a row verifies its last committed token plus k drafts).
+    """
+
+    batch_sizes: tuple[int, ...]
+    widths: tuple[int, ...]
+    seconds: tuple[tuple[float, ...], ...]
+
+    def __post_init__(self) -> None:
+        if list(self.batch_sizes) != sorted(set(self.batch_sizes)) or not self.batch_sizes:
+            raise ValueError(f"batch_sizes must be ascending and distinct, got {self.batch_sizes}")
+        if len(self.seconds) != len(self.batch_sizes) or any(len(r) != len(self.widths) for r in self.seconds):
+            raise ValueError("seconds must be [len(batch_sizes)][len(widths)]")
+
+    def cost(self, rows: int, width: int) -> float:
+        """Seconds of a round of `rows` rows x `width` tokens: linear in rows between (and beyond)
+        the measured batch sizes; width must be one of the measured widths."""
+        column = self.widths.index(width)
+        sizes = self.batch_sizes
+        if len(sizes) == 1:
+            return self.seconds[0][column] * rows / sizes[0]
+        i = min(max(bisect.bisect_left(sizes, rows), 1), len(sizes) - 1)
+        (b0, b1), (c0, c1) = (sizes[i - 1], sizes[i]), (self.seconds[i - 1][column], self.seconds[i][column])
+        return max(c0 + (c1 - c0) * (rows - b0) / (b1 - b0), 1e-9)
+
+    def to_dict(self) -> dict[str, list]:
+        return {"batch_sizes": list(self.batch_sizes), "widths": list(self.widths),
+                "seconds": [list(r) for r in self.seconds]}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, list]) -> "CostTable":
+        return cls(tuple(data["batch_sizes"]), tuple(data["widths"]), tuple(tuple(r) for r in data["seconds"]))
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.to_dict()), encoding="utf-8")
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path: Path) -> "CostTable":
+        return cls.from_dict(json.loads(path.read_text(encoding="utf-8")))
+
+
+@dataclass
+class AcceptanceStats:
+    """EMAs per draft position j = 1..max_k of P(first j drafts accepted | row verified >= j drafts)."""
+
+    max_k: int
+    decay: float = 0.1  # weight of the newest round
+    prior: float = 0.5  # optimistic start, so speculation gets tried
+    accept_through: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.accept_through:
+            self.accept_through = [self.prior**j for j in range(1, self.max_k + 1)]
+
+    def observe(self, verified_with: Sequence[int], accepted: Sequence[int]) -> None:
+        """One round: per row, how many drafts it verified and how many of them it accepted.
+
+        verified_with counts the row's draft *slots* (its cap k), not what its drafter supplied:
+        a missing draft is a rejected one, so supply is folded into the estimate.
+        """
+        verified, took = np.asarray(verified_with), np.asarray(accepted)
+        for j in range(1, self.max_k + 1):
+            rows = verified >= j
+            if rows.any():
+                rate = float((took[rows] >= j).mean())
+                self.accept_through[j - 1] += self.decay * (rate - self.accept_through[j - 1])
+
+    def expected_tokens(self, k: int) -> float:
+        """E[tokens emitted per row] when verifying k drafts (a prefix chain never gains depth)."""
+        total, best = 1.0, 1.0
+        for j in range(k):
+            best = min(best, self.accept_through[j])
+            total += best
+        return total
+
+
+@dataclass
+class VerifyLengthPolicy:
+    """Chooses k each round from a cost table and live acceptance statistics (module docstring)."""
+
+    cost: CostTable
+    stats: AcceptanceStats
+    hysteresis: float = 0.05  # switch only when another k is this much faster
+    probe_every: int = 16  # rounds between probes at max_k while k < max_k (0: never)
+    draft_s_per_token: float = 0.0  # EMA of drafting seconds per draft position (all rows at once)
+    overhead_s: float = 0.0  # EMA of round time the table and drafting do not explain (host work, context)
+    decay: float = 0.2
+    current: int | None = None
+    rounds_since_probe: int = 0
+    history: list[int] = field(default_factory=list)
+
+    @property
+    def max_k(self) -> int:
+        return self.stats.max_k
+
+    def throughput(self, rows: int, k: int) -> float:
+        """Expected tokens per second of a round verifying k drafts on each of `rows` rows."""
+        seconds = self.cost.cost(rows, k + 1) + k * self.draft_s_per_token + self.overhead_s
+        return rows * self.stats.expected_tokens(k) / max(seconds, 1e-6)
+
+    def best(self, rows: int) -> int:
+        return max(range(self.max_k + 1), key=lambda k: (self.throughput(rows, k), -k))
+
+    def choose(self, rows: int) -> int:
+        """The verify length for the next round of `rows` rows (recorded in `history`)."""
+        best = self.best(rows)
+        if self.current is None:
+            self.current = best
+        elif best != self.current and self.throughput(rows, best) > (1 + self.hysteresis) * self.throughput(
+                rows, self.current):
+            self.current = best
+        k = self.current
+        self.rounds_since_probe += 1
+        if k < self.max_k and self.probe_every and self.rounds_since_probe >= self.probe_every:
+            k, self.rounds_since_probe = self.max_k, 0
+        self.history.append(k)
+        return k
+
+    def observe_round(self, k: int, verified_with: Sequence[int], accepted: Sequence[int], draft_s: float,
+                      round_s: float, rows: int) -> None:
+        """Fold in one finished round: its acceptance, its drafting time and its unexplained time."""
+        if k > 0:
+            self.stats.observe(verified_with, accepted)
+            self.draft_s_per_token += self.decay * (draft_s / k - self.draft_s_per_token)
+        # May go negative: it also corrects a profile measured on a less busy machine.
+        predicted = self.cost.cost(rows, k + 1) + draft_s
+        self.overhead_s += self.decay * (round_s - predicted - self.overhead_s)

@@ -1,0 +1,91 @@
+"""The engine with a dynamic verify length: still exact, and it follows the cost model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specactor_engine.cost_profile import load_or_measure, profile_batches
+from specactor_engine.engine import Engine
+from specactor_engine.model_runner import ModelRunner
+from specactor_engine.verify_length import CostTable
+from tests.engine.test_exactness import MAX_LEN, make_drafter, ragged_requests, run, sampling, token_ids
+from tests.fixtures.tiny_models import make_tiny_model, make_tokenizer
+
+K = 4
+
+
+@pytest.fixture(scope="module")
+def fp64_target():
+    return make_tiny_model("qwen2", seed=11, dtype=torch.float64)
+
+
+def table(fixed: float, per_token: float, batches=(1, 4, 16)) -> CostTable:
+    widths = tuple(range(1, K + 2))
+    return CostTable(batches, widths, tuple(tuple(fixed + per_token * b * w for w in widths) for b in batches))
+
+
+def dynamic_engine(target, drafters, cost_table=None) -> Engine:
+    return Engine(target, make_tokenizer(), mode="coupled", num_draft_tokens=K, max_batch_size=16,
+                  max_model_len=MAX_LEN, drafters=drafters, check_invariants=True, verify_length="dynamic",
+                  cost_table=cost_table)
+
+
+@pytest.mark.parametrize("kind", ["ngram", "model", "self"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_dynamic_length_is_exact(fp64_target, kind, temperature):
+    """Whatever lengths the policy picks (0 included), outputs equal plain decoding (fp64)."""
+    params = sampling(temperature, n=2, max_new_tokens=24)
+    reference = token_ids(run(fp64_target, ragged_requests(6), params))
+    # a flat-ish cost makes the policy move between lengths as acceptance changes
+    engine = dynamic_engine(fp64_target, [make_drafter(kind, fp64_target, torch.float64)], table(0.01, 0.0005))
+    result = engine.generate(ragged_requests(6), params)
+    assert token_ids(result) == reference
+    assert result.stats.timeline and len(engine.length_policy.history) == result.stats.verify_rounds
+
+
+def test_useless_drafts_under_a_compute_bound_cost_fall_back_to_plain_decoding(fp64_target):
+    """An n-gram drafter on random tiny-model text accepts ~nothing: with verify cost proportional
+    to tokens, the policy settles on k=0 except for its periodic probes."""
+    engine = dynamic_engine(fp64_target, [make_drafter("ngram", fp64_target, torch.float64)], table(0.0, 0.01))
+    engine.generate(ragged_requests(8), sampling(1.0, n=2, max_new_tokens=40))
+    history = engine.length_policy.history
+    probe = engine.length_policy.probe_every
+    settled = history[probe:]
+    assert settled.count(0) >= 0.8 * len(settled)
+    assert max(history) == K  # probes still check the deepest length
+
+
+def test_perfect_drafts_under_a_memory_bound_cost_go_deep(fp64_target):
+    """The target drafting for itself is always accepted; with verify cost flat in tokens the
+    policy picks the longest length."""
+    engine = dynamic_engine(fp64_target, [make_drafter("self", fp64_target, torch.float64)], table(0.05, 0.0))
+    result = engine.generate(ragged_requests(4), sampling(1.0, max_new_tokens=30, ignore_eos=True))
+    assert engine.length_policy.history[-5:] == [K] * 5
+    assert result.stats.acceptance_rate == 1.0
+
+
+def test_cost_profile_is_measured_once_and_cached(tmp_path):
+    target = make_tiny_model("llama", seed=2)
+    runner = ModelRunner(target)
+    first = load_or_measure(runner, max_rows=5, max_k=2, cache_dir=tmp_path)
+    assert first.batch_sizes == profile_batches(5) == (1, 4, 5)
+    assert first.widths == (1, 2, 3)
+    assert all(s > 0 for row in first.seconds for s in row)
+    files = list((tmp_path / "cost_profiles").glob("*.json"))
+    assert len(files) == 1
+    assert load_or_measure(runner, max_rows=5, max_k=2, cache_dir=tmp_path) == first  # read back, not re-measured
+    assert load_or_measure(runner, max_rows=5, max_k=3, cache_dir=tmp_path).widths == (1, 2, 3, 4)
+    assert len(list((tmp_path / "cost_profiles").glob("*.json"))) == 2
+
+
+def test_engine_profiles_on_first_dynamic_generate(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECACTOR_CACHE_DIR", str(tmp_path))
+    target = make_tiny_model("llama", seed=2)
+    engine = Engine(target, make_tokenizer(), mode="coupled", num_draft_tokens=2, max_batch_size=16,
+                    max_model_len=MAX_LEN, drafters=[make_drafter("ngram", target, torch.float32)],
+                    verify_length="dynamic")
+    reference = token_ids(run(target, ragged_requests(3), sampling(1.0, n=2)))
+    assert token_ids(engine.generate(ragged_requests(3), sampling(1.0, n=2))) == reference
+    assert engine.cost_table is not None and engine.cost_table.batch_sizes[-1] == 6
+    assert list((tmp_path / "cost_profiles").glob("*.json"))

@@ -1,0 +1,117 @@
+"""The dynamic verify-length policy on synthetic cost tables and acceptance statistics."""
+
+from __future__ import annotations
+
+import pytest
+
+from specactor_engine.verify_length import AcceptanceStats, CostTable, VerifyLengthPolicy
+
+BATCHES = (1, 8, 32)
+WIDTHS = (1, 2, 3, 4, 5)
+
+
+def linear_table(fixed: float, per_token: float) -> CostTable:
+    """seconds = fixed + per_token x rows x width: a memory-bound floor plus compute per token."""
+    return CostTable(BATCHES, WIDTHS, tuple(tuple(fixed + per_token * b * w for w in WIDTHS) for b in BATCHES))
+
+
+def policy_with(table: CostTable, accept_through: list[float], **kwargs) -> VerifyLengthPolicy:
+    return VerifyLengthPolicy(table, AcceptanceStats(max_k=4, accept_through=list(accept_through)), probe_every=0,
+                              **kwargs)
+
+
+def analytic_best(table: CostTable, accept_through: list[float], rows: int) -> int:
+    """Brute force over k of rows x E[k] / cost, E[k] = 1 + sum of the (non-increasing) chain."""
+    def rate(k: int) -> float:
+        chain, expected = 1.0, 1.0
+        for q in accept_through[:k]:
+            chain = min(chain, q)
+            expected += chain
+        return rows * expected / table.cost(rows, k + 1)
+
+    return max(range(5), key=rate)
+
+
+def test_cost_table_interpolates_linearly_in_rows():
+    table = linear_table(0.3, 0.01)
+    assert table.cost(8, 3) == pytest.approx(0.3 + 0.01 * 8 * 3)
+    assert table.cost(20, 2) == pytest.approx(0.3 + 0.01 * 20 * 2)  # between measured sizes
+    assert table.cost(64, 5) == pytest.approx(0.3 + 0.01 * 64 * 5)  # beyond the last: extrapolated
+    with pytest.raises(ValueError):
+        CostTable((8, 1), WIDTHS, ((1.0,) * 5,) * 2)
+
+
+@pytest.mark.parametrize(("fixed", "per_token", "accept", "rows"), [
+    (0.3, 0.001, [0.9, 0.8, 0.7, 0.6], 1),     # memory-bound, good drafts: deep
+    (0.3, 0.02, [0.9, 0.8, 0.7, 0.6], 32),     # compute-bound at a big batch: shallower
+    (0.3, 0.02, [0.1, 0.02, 0.0, 0.0], 32),    # drafts rarely accepted: plain decoding
+    (0.05, 0.004, [0.6, 0.35, 0.2, 0.1], 8),   # in between
+])
+def test_picks_the_analytically_best_length(fixed, per_token, accept, rows):
+    table = linear_table(fixed, per_token)
+    policy = policy_with(table, accept)
+    expected = analytic_best(table, accept, rows)
+    assert policy.choose(rows) == expected
+
+
+def test_the_extremes_are_reachable():
+    """Deep drafts when verify is memory-bound, plain decoding when drafts are useless."""
+    assert policy_with(linear_table(0.3, 0.001), [0.9, 0.8, 0.7, 0.6]).choose(1) == 4
+    assert policy_with(linear_table(0.3, 0.02), [0.1, 0.02, 0.0, 0.0]).choose(32) == 0
+
+
+def test_switches_only_past_the_hysteresis():
+    table = linear_table(0.3, 0.02)
+    policy = policy_with(table, [0.9, 0.8, 0.7, 0.6], hysteresis=0.05)
+    start = policy.choose(32)
+    # make another length better by less than 5%: no switch
+    other = 0
+    gap = policy.throughput(32, start) / policy.throughput(32, other)
+    assert gap > 1.05
+    policy.stats.accept_through = [0.02, 0.0, 0.0, 0.0]
+    assert policy.best(32) == 0
+    assert policy.throughput(32, 0) > 1.05 * policy.throughput(32, start)
+    assert policy.choose(32) == 0  # clearly better: switches
+
+    close = policy_with(table, [0.5, 0.3, 0.1, 0.0], hysteresis=0.05)
+    close.current = 1
+    best = close.best(32)
+    margin = close.throughput(32, best) / close.throughput(32, 1)
+    if best != 1:
+        assert margin > 1.0
+    # raise the hysteresis above the margin: the policy keeps its length
+    sticky = policy_with(table, [0.5, 0.3, 0.1, 0.0], hysteresis=margin - 1 + 0.01)
+    sticky.current = 1
+    assert sticky.choose(32) == 1
+    eager = policy_with(table, [0.5, 0.3, 0.1, 0.0], hysteresis=max(margin - 1 - 0.01, 0.0))
+    eager.current = 1
+    assert eager.choose(32) == best
+
+
+def test_probes_max_k_while_plain_decoding():
+    policy = VerifyLengthPolicy(linear_table(0.3, 0.02), AcceptanceStats(max_k=4, accept_through=[0.0] * 4),
+                                probe_every=4)
+    chosen = [policy.choose(32) for _ in range(12)]
+    assert chosen == [0, 0, 0, 4] * 3
+
+
+def test_acceptance_stats_fold_supply_into_acceptance():
+    stats = AcceptanceStats(max_k=3, decay=1.0)  # newest round only
+    # rows verified with 3 drafts each; accepted 3, 1, 0, 2 of them
+    stats.observe([3, 3, 3, 3], [3, 1, 0, 2])
+    assert stats.accept_through == pytest.approx([0.75, 0.5, 0.25])
+    assert stats.expected_tokens(3) == pytest.approx(1 + 0.75 + 0.5 + 0.25)
+    # a row verified with only 1 draft says nothing about positions 2 and 3
+    stats.observe([1], [1])
+    assert stats.accept_through == pytest.approx([1.0, 0.5, 0.25])
+
+
+def test_overhead_and_draft_cost_are_learned_from_rounds():
+    policy = policy_with(linear_table(0.1, 0.0), [0.5, 0.3, 0.1, 0.05], decay=1.0)
+    assert policy.best(2) == 4  # free drafts, flat verify cost: as deep as possible
+    policy.observe_round(2, [2, 2], [1, 0], draft_s=0.2, round_s=0.5, rows=2)
+    assert policy.draft_s_per_token == pytest.approx(0.1)
+    assert policy.overhead_s == pytest.approx(0.5 - 0.1 - 0.2)
+    policy.stats.accept_through = [0.5, 0.3, 0.1, 0.05]
+    # each draft now costs as much as the verify itself: E[1]/0.4 = 3.75 beats E[2]/0.5 = 3.6 and E[0]/0.3
+    assert policy.best(2) == 1
