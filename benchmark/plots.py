@@ -76,10 +76,11 @@ def plot_throughput(results: dict[str, Any], runs: dict[str, dict[str, Any]], pa
             right.plot(xs, ys, marker=".", label=name)
     left.set_xlabel("wall time (s)")
     left.set_ylabel("sequences finished")
-    left.legend(fontsize=8)
     right.set_xlabel("wall time (s)")
     right.set_ylabel("output tokens/s (engine systems)")
-    right.legend(fontsize=8)
+    for ax in (left, right):
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
     fig.suptitle(_title(results, "progress over wall time (first repeat)"))
     _save(fig, path)
 
@@ -114,7 +115,8 @@ def plot_acceptance(results: dict[str, Any], runs: dict[str, dict[str, Any]], pa
     right.set_xlabel("rollout progress (share of output tokens)")
     right.set_ylabel("verify length k (drafts per row)")
     for ax in (left, right):
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
     fig.suptitle(_title(results, "acceptance and verify length over progress (first repeat)"))
     _save(fig, path)
 

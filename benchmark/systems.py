@@ -109,6 +109,10 @@ class System(ABC):
     def close(self) -> None:
         """Release what the system holds outside this process (default: nothing)."""
 
+    def external_cpu_s(self) -> float:
+        """CPU seconds used so far by processes this system drives (counted as its own, not others')."""
+        return 0.0
+
 
 SYSTEMS: dict[str, Callable[[RunSpec], System]] = {}
 
@@ -243,6 +247,7 @@ class EngineSystem(System):
     """This project's engine in `mode`, with the drafters `_drafters` builds."""
 
     mode = "ar"
+    verify_length = "fixed"
 
     def __init__(self, spec: RunSpec) -> None:
         from specactor_engine.engine import Engine
@@ -250,7 +255,7 @@ class EngineSystem(System):
         model, tokenizer = load_target(spec)
         self.engine = Engine(model, tokenizer, mode=self.mode, num_draft_tokens=spec.num_draft_tokens,
                              max_batch_size=spec.max_batch_size or ALL_AT_ONCE,
-                             drafters=self._drafters(spec, model, tokenizer))
+                             drafters=self._drafters(spec, model, tokenizer), verify_length=self.verify_length)
 
     def _drafters(self, spec: RunSpec, model: torch.nn.Module, tokenizer: Any) -> list[Drafter]:
         return []
@@ -285,6 +290,20 @@ class CoupledEngine(EngineSystem):
             return [build_drafter(NgramDrafterConfig(), context)]
         path = _resolve(spec.drafter, spec.dtype)
         return [build_drafter(ModelDrafterConfig(model=str(path), dtype=spec.dtype), context)]
+
+
+@register_system("coupled-dynamic")
+class CoupledDynamicEngine(CoupledEngine):
+    """Coupled, with the verify length chosen per round by the cost model (0..k; 0 = plain decoding).
+
+    The cost profile is measured at load time (or read from the cache), not in the makespan.
+    """
+
+    verify_length = "dynamic"
+
+    def prepare(self, requests: Sequence[Request], sampling: SamplingConfig) -> None:
+        rows = len(requests) * sampling.n
+        self.engine._ensure_length_policy(min(rows, self.engine.max_batch_size))
 
 
 class OracleDrafter(Drafter):
@@ -471,6 +490,15 @@ class VLLMSystem(System):
                       "mean_acceptance_length": 1.0 + accepted / drafts,
                       "acceptance_rate": accepted / spec["draft_tokens"] if spec.get("draft_tokens") else 0.0}
         return stats
+
+    def external_cpu_s(self) -> float:
+        import psutil
+
+        try:
+            times = psutil.Process(self.proc.pid).cpu_times()
+        except psutil.Error:
+            return 0.0
+        return times.user + times.system + times.children_user + times.children_system
 
     def close(self) -> None:
         if self.proc.poll() is None:

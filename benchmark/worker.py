@@ -50,11 +50,11 @@ def run_once(spec: RunSpec) -> dict[str, Any]:
     profiler = cProfile.Profile() if spec.profile_path else None
     if profiler is not None:
         profiler.enable()
-    busy_before, own_before = busy_cpu_s(), time.process_time()
+    busy_before, own_before = busy_cpu_s(), time.process_time() + system.external_cpu_s()
     start = clock.start()
     generation = system.generate(requests, sampling, clock)
     makespan_s = time.perf_counter() - start
-    contention = _cpu_shares(busy_before, own_before, makespan_s, spec.threads)
+    contention = _cpu_shares(busy_before, own_before, makespan_s, spec.threads, system.external_cpu_s())
     if profiler is not None:
         profiler.disable()
         profiler.dump_stats(spec.profile_path)
@@ -72,14 +72,14 @@ def _timed(fn: Callable[..., T], *args: Any) -> tuple[T, float]:
     return fn(*args), time.perf_counter() - started
 
 
-def _cpu_shares(busy_before: float | None, own_before: float, makespan_s: float, threads: int
-                ) -> dict[str, float | None]:
+def _cpu_shares(busy_before: float | None, own_before: float, makespan_s: float, threads: int,
+                external_s: float = 0.0) -> dict[str, float | None]:
     """How much CPU the timed run got, and how much other processes took meanwhile.
 
     cpu_share: this process's CPU time / (threads x makespan) (1.0 = every thread busy throughout);
     others_cpu_share: other processes' CPU time / (all CPUs x makespan) (0 = a quiet machine).
     """
-    own_s = time.process_time() - own_before
+    own_s = time.process_time() + external_s - own_before
     busy_after = busy_cpu_s()
     others = None
     if busy_before is not None and busy_after is not None and makespan_s > 0:

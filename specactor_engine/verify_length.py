@@ -10,8 +10,10 @@ A pure policy over statistics (no torch, no engine), so it can be unit-tested on
 - `VerifyLengthPolicy.choose(rows)`: the k in 0..max_k maximising expected emitted tokens per
   second, rows * E[k] / (verify(rows, k+1) + draft(k) + overhead), where
   E[k] = 1 + sum_{j<=k} q_j. k = 0 is plain decoding. The current k changes only when another
-  is better by more than the hysteresis. While k is below max_k, every `probe_every` rounds
-  it verifies max_k once, so the statistics of the deeper positions stay fresh.
+  is better by more than the hysteresis. While k is below max_k it verifies max_k once every
+  `probe_every` rounds, so the statistics of the deeper positions stay fresh; a probe that
+  changes nothing doubles the interval (up to `max_probe_every`), since a probe round costs
+  what a deep verify costs.
 """
 
 from __future__ import annotations
@@ -114,12 +116,15 @@ class VerifyLengthPolicy:
     cost: CostTable
     stats: AcceptanceStats
     hysteresis: float = 0.05  # switch only when another k is this much faster
-    probe_every: int = 16  # rounds between probes at max_k while k < max_k (0: never)
+    probe_every: int = 16  # rounds before the first probe at max_k while k < max_k (0: never)
+    max_probe_every: int = 256
     draft_s_per_token: float = 0.0  # EMA of drafting seconds per draft position (all rows at once)
     overhead_s: float = 0.0  # EMA of round time the table and drafting do not explain (host work, context)
     decay: float = 0.2
     current: int | None = None
     rounds_since_probe: int = 0
+    probe_interval: int = 0  # current interval (starts at probe_every)
+    probe_from: int | None = None  # the length in force when the last probe ran, until the next choice
     history: list[int] = field(default_factory=list)
 
     @property
@@ -142,10 +147,16 @@ class VerifyLengthPolicy:
         elif best != self.current and self.throughput(rows, best) > (1 + self.hysteresis) * self.throughput(
                 rows, self.current):
             self.current = best
+        if self.probe_from is not None:  # the round after a probe: did it change the choice?
+            changed = self.current != self.probe_from
+            self.probe_interval = self.probe_every if changed else min(2 * self.probe_interval, self.max_probe_every)
+            self.probe_from = None
         k = self.current
-        self.rounds_since_probe += 1
-        if k < self.max_k and self.probe_every and self.rounds_since_probe >= self.probe_every:
-            k, self.rounds_since_probe = self.max_k, 0
+        # rounds at max_k refresh every position's statistics themselves
+        self.rounds_since_probe = 0 if k == self.max_k else self.rounds_since_probe + 1
+        self.probe_interval = self.probe_interval or self.probe_every
+        if k < self.max_k and self.probe_every and self.rounds_since_probe >= self.probe_interval:
+            self.probe_from, k, self.rounds_since_probe = k, self.max_k, 0
         self.history.append(k)
         return k
 

@@ -88,11 +88,25 @@ def test_switches_only_past_the_hysteresis():
     assert eager.choose(32) == best
 
 
-def test_probes_max_k_while_plain_decoding():
+def test_probes_max_k_while_plain_decoding_backing_off_while_nothing_changes():
     policy = VerifyLengthPolicy(linear_table(0.3, 0.02), AcceptanceStats(max_k=4, accept_through=[0.0] * 4),
-                                probe_every=4)
-    chosen = [policy.choose(32) for _ in range(12)]
-    assert chosen == [0, 0, 0, 4] * 3
+                                probe_every=4, max_probe_every=16)
+    chosen = [policy.choose(32) for _ in range(60)]
+    probes = [i + 1 for i, k in enumerate(chosen) if k == 4]
+    assert set(chosen) == {0, 4}
+    assert probes == [4, 12, 28, 44, 60]  # intervals 4, 8, 16, then capped at 16
+
+
+def test_a_probe_that_changes_the_choice_resets_the_interval():
+    policy = VerifyLengthPolicy(linear_table(0.3, 0.001), AcceptanceStats(max_k=4, accept_through=[0.0] * 4),
+                                probe_every=4, hysteresis=0.0)
+    chosen = [policy.choose(1) for _ in range(12)]  # probes at rounds 4 and 12
+    assert chosen[3] == 4 and chosen[11] == 4 and chosen.count(4) == 2
+    policy.stats.accept_through = [0.9, 0.8, 0.7, 0.6]  # what the probe saw: drafts are good now
+    assert policy.choose(1) == 4 and policy.current == 4
+    policy.stats.accept_through = [0.0] * 4
+    after = [policy.choose(1) for _ in range(4)]
+    assert after == [0, 0, 0, 4]  # back to the first interval
 
 
 def test_acceptance_stats_fold_supply_into_acceptance():
