@@ -188,4 +188,5 @@ def _finish_reasons(result: dict[str, Any]) -> dict[str, int]:
 
 
 def _write_json(path: Path, data: Any) -> None:
-    path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    # default=str: reasoning-gym metadata holds Fractions and the like
+    path.write_text(json.dumps(data, indent=1, default=str) + "\n", encoding="utf-8")

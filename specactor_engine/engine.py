@@ -17,10 +17,13 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
+import numpy as np
 import torch
 
 from specactor_engine import acceptance
 from specactor_engine.cost_profile import load_or_measure
+from specactor_engine.decoupled.coordinator import DecoupledCoordinator
+from specactor_engine.decoupled.protocol import SamplingSpec
 from specactor_engine.drafters import DraftRequest, Drafter, DrafterContext, build_drafter
 from specactor_engine.model_runner import ModelRunner, load_hf_model
 from specactor_engine.sampling import (
@@ -65,7 +68,8 @@ class Engine:
     def __init__(self, target: torch.nn.Module, tokenizer: Any, *, mode: str = "ar", num_draft_tokens: int = 4,
                  acceptance_rule: str = "position_keyed", max_batch_size: int = 256, max_model_len: int = 2048,
                  chat_template: bool = True, drafters: Sequence[Drafter] = (), check_invariants: bool = False,
-                 verify_length: str = "fixed", cost_table: CostTable | None = None) -> None:
+                 verify_length: str = "fixed", cost_table: CostTable | None = None,
+                 coordinator: DecoupledCoordinator | None = None, verifier_threads: int | None = None) -> None:
         self.tokenizer = tokenizer
         self.mode = mode
         self.num_draft_tokens = num_draft_tokens if mode != "ar" else 0
@@ -73,13 +77,21 @@ class Engine:
         self.max_batch_size = max_batch_size
         self.max_model_len = max_model_len
         self.chat_template = chat_template
-        self.drafters = list(drafters) if mode != "ar" else []
+        self.drafters = list(drafters) if mode == "coupled" else []
+        # decoupled: drafter workers in other processes stream drafts; this process only verifies
+        self.coordinator = coordinator if mode == "decoupled" else None
+        if mode == "decoupled" and coordinator is None:
+            raise ValueError("mode 'decoupled' needs a DecoupledCoordinator (its drafter workers)")
+        if mode == "decoupled" and acceptance_rule == "rejection":
+            raise ValueError("mode 'decoupled' streams drafts without their probabilities: use position_keyed "
+                             "acceptance")
+        self.verifier_threads = verifier_threads
         self.check_invariants = check_invariants
         if verify_length not in ("fixed", "dynamic"):
             raise ValueError(f"verify_length must be 'fixed' or 'dynamic', got {verify_length!r}")
         # dynamic: a VerifyLengthPolicy picks k in 0..num_draft_tokens each round (built on first use,
         # from `cost_table` or the cached startup profile); it keeps its statistics across calls.
-        self.verify_length = verify_length if self.drafters else "fixed"
+        self.verify_length = verify_length if self.drafters or self.coordinator else "fixed"
         self.cost_table = cost_table
         self.length_policy: VerifyLengthPolicy | None = None
         self.policy_version = 0
@@ -138,7 +150,15 @@ class Engine:
         if self.verify_length == "dynamic" and runnable:
             self._ensure_length_policy(min(len(runnable), self.max_batch_size))
         run = _Run(self, sampling, stats, self._reserve(runnable, sampling), started)
-        run.decode(runnable, progress)
+        threads = torch.get_num_threads()
+        if self.verifier_threads:
+            torch.set_num_threads(self.verifier_threads)
+        try:
+            run.decode(runnable, progress)
+        finally:
+            torch.set_num_threads(threads)
+            if self.coordinator is not None:
+                stats.decoupled = self.coordinator.stats()
         stats.total_s = time.perf_counter() - started
         stats.num_sequences = len(sequences)
         stats.output_tokens = sum(len(s.output_ids) for s in sequences)
@@ -202,6 +222,11 @@ class _Run:
         self.slot_seq: dict[int, _Sequence] = {}
         self.free = list(range(num_slots - 1, -1, -1))
         self.rejection = engine.acceptance_rule == "rejection" and not self.params.greedy
+        self.coordinator = engine.coordinator
+        if self.coordinator is not None:
+            spec = SamplingSpec(sampling.temperature, sampling.top_k, sampling.top_p, sampling.max_new_tokens)
+            self.coordinator.reset(num_slots, max_len, spec, window=2 * engine.num_draft_tokens,
+                                   output_of=lambda slot: self.slot_seq[slot].output_ids)
 
     def decode(self, sequences: list[_Sequence], progress: Callable[[int, int], None] | None = None) -> None:
         pending = deque(sequences)
@@ -239,6 +264,9 @@ class _Run:
         if len(followers):
             self.runner.cache.copy_prefix(lead_slots[rows[followers]], slots[followers], counts[rows[followers]])
         logits = lead_logits[rows][:, None]  # [R, 1, V]
+        if self.coordinator is not None:
+            self.coordinator.add_rows(slots.numpy(), self.state.seq_keys[slots].numpy(),
+                                      [np.asarray(seq.prompt_ids, dtype=np.int64) for seq in batch])
         for drafter in self.engine.drafters:
             drafter.add_rows(self.state, slots)
         self.stats.prefill_s += time.perf_counter() - started
@@ -254,7 +282,7 @@ class _Run:
         if policy is not None:
             caps = caps.clamp_max(policy.choose(len(slots)))
         started = time.perf_counter()
-        proposal, sources = self._propose(slots, caps)
+        proposal, sources = self._propose(slots, caps) if self.coordinator is None else self._take(slots, caps)
         draft_s = time.perf_counter() - started
         self.stats.draft_s += draft_s
         started = time.perf_counter()
@@ -306,6 +334,14 @@ class _Run:
             merged.probs = self._merge_probs(merged, probs_parts)
         return merged, sources
 
+    def _take(self, slots: torch.Tensor, caps: torch.Tensor) -> tuple[DraftProposal, list[str | None]]:
+        """Decoupled: whatever drafts have streamed in for these rows, up to their caps; never waits."""
+        assert self.coordinator is not None
+        self.coordinator.poll()
+        tokens, num = self.coordinator.take(slots.numpy(), caps.numpy())
+        sources: list[str | None] = ["decoupled" if n else None for n in num.tolist()]
+        return DraftProposal(torch.from_numpy(tokens), torch.from_numpy(num)), sources
+
     def _merge_probs(self, merged: DraftProposal, parts: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         """Draft distributions [R, k, V]: given ones where a drafter sampled, one-hot elsewhere."""
         R, k = merged.token_ids.shape
@@ -348,12 +384,17 @@ class _Run:
         self._observe(num_drafts, num_accepted, sources)
         if not prefill:
             self._record_round(drafts.shape[1], num_drafts, num_accepted, counts, sources)
+        if self.coordinator is not None:
+            self.coordinator.after_round(slots.numpy(), num_drafts.numpy(), num_accepted.numpy(), output.numpy(),
+                                         counts.numpy())
         if self.engine.check_invariants:
             self._assert_invariants(slots)
-        for slot in slots.tolist():
-            if self.slot_seq[slot].finish_reason is not None:
-                del self.slot_seq[slot]
-                self.free.append(slot)
+        finished = [slot for slot in slots.tolist() if self.slot_seq[slot].finish_reason is not None]
+        for slot in finished:
+            del self.slot_seq[slot]
+            self.free.append(slot)
+        if finished and self.coordinator is not None:
+            self.coordinator.remove_rows(np.asarray(finished, dtype=np.int64))
         return num_accepted
 
     def _apply_stops(self, slots: torch.Tensor, output: torch.Tensor, emitted: torch.Tensor,

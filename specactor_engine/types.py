@@ -101,6 +101,7 @@ class EngineStats:
     # began, rows verified, draft width k, tokens emitted, tokens drafted and accepted, and
     # the rows each drafter supplied ({name: rows}).
     timeline: list[dict[str, Any]] = field(default_factory=list)
+    decoupled: dict[str, float] = field(default_factory=dict)  # decoupled mode: worker figures
 
     @property
     def mean_acceptance_length(self) -> float:

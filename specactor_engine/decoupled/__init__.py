@@ -1,0 +1,8 @@
+"""Decoupled speculation: drafter workers run ahead in their own processes; the verifier never waits.
+
+protocol.py     messages and the chain hash that validates streamed drafts
+drafter_worker  the drafter role (run-ahead drafting, realignment on commits)
+transport.py    how the verifier reaches a worker (local process; delay injection for tests)
+buffers.py      the verifier's per-row draft buffers (numpy, batched)
+coordinator.py  workers, row pinning, restarts; what the engine calls each round
+"""

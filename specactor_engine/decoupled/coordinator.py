@@ -1,0 +1,211 @@
+"""The verifier's side of decoupled speculation: workers, row pinning, buffers, failure handling.
+
+The engine calls, per generate: `reset`; per admission: `add_rows`; per verify round: `poll`
+(drain every worker, never wait), `take` (drafts to verify), `after_round` (reconcile and send
+commits), `remove_rows`. Rows are pinned to the least-loaded live worker. A worker that dies
+loses its rows' drafts (they decode plainly, outputs unchanged), is restarted, and gets its rows
+back, committed output included, once the new process reports `Ready`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from specactor_engine.decoupled.buffers import DraftBuffers
+from specactor_engine.decoupled.protocol import AddRows, Drafts, Ready, RemoveRows, Reset, SamplingSpec
+from specactor_engine.decoupled.transport import Transport, WorkerLost
+
+logger = logging.getLogger(__name__)
+
+NO_WORKER = -1
+
+
+@dataclass
+class WorkerSlot:
+    """One drafter worker as the verifier sees it."""
+
+    transport: Transport
+    ready: bool = False
+    busy_s: float = 0.0  # compute time its draft steps reported
+    steps: int = 0
+    restarts: int = 0
+    started: float = field(default_factory=time.perf_counter)
+
+
+class DecoupledCoordinator:
+    """Owns the drafter workers for an engine; `make_transport(i)` starts worker i."""
+
+    def __init__(self, make_transport: Callable[[int], Transport], num_workers: int, max_restarts: int = 3) -> None:
+        self.make_transport = make_transport
+        self.max_restarts = max_restarts
+        self.workers = [WorkerSlot(make_transport(i)) for i in range(num_workers)]
+        self.reset_message: Reset | None = None
+        self.buffers: DraftBuffers | None = None
+        self.worker_of = np.zeros(0, dtype=np.int64)
+        self.rows: dict[int, tuple[int, np.ndarray]] = {}  # slot -> (key, prompt ids)
+        self.output_of: Callable[[int], list[int]] = lambda slot: []
+        self.generation = 0
+
+    # ------------------------------------------------------------------ lifecycle
+    def reset(self, num_slots: int, max_len: int, sampling: SamplingSpec, window: int,
+              output_of: Callable[[int], list[int]]) -> None:
+        """A new generate call; output_of(slot) returns a row's committed output (for re-adds)."""
+        self.generation += 1
+        self.reset_message = Reset(num_slots, max_len, sampling, window, self.generation)
+        self.buffers = DraftBuffers(num_slots, window)
+        self.worker_of = np.full(num_slots, NO_WORKER, dtype=np.int64)
+        self.rows.clear()
+        self.output_of = output_of
+        for index, worker in enumerate(self.workers):
+            if worker.ready:
+                self._send(index, self.reset_message)
+
+    def close(self) -> None:
+        for worker in self.workers:
+            worker.transport.close()
+
+    def wait_ready(self, timeout_s: float = 120.0) -> bool:
+        """Block until every worker has loaded its model (start-up only; rounds never wait)."""
+        deadline = time.monotonic() + timeout_s
+        while not all(w.ready for w in self.workers) and time.monotonic() < deadline:
+            for index, worker in enumerate(self.workers):
+                if not worker.ready:
+                    try:
+                        messages = worker.transport.drain()
+                    except WorkerLost as exc:
+                        self._lost(index, str(exc))
+                        continue
+                    if any(isinstance(m, Ready) for m in messages):
+                        self._on_ready(index)
+            time.sleep(0.01)
+        return all(w.ready for w in self.workers)
+
+    # ------------------------------------------------------------------ rows
+    def add_rows(self, slots: np.ndarray, keys: np.ndarray, prompts: list[np.ndarray]) -> None:
+        assert self.buffers is not None
+        self.buffers.add_rows(slots)
+        for slot, key, prompt in zip(slots.tolist(), keys.tolist(), prompts):
+            self.rows[slot] = (key, prompt)
+        live = [i for i, w in enumerate(self.workers) if w.transport.alive()]
+        load = {i: 0 for i in live}
+        for owner in self.worker_of[self.worker_of != NO_WORKER].tolist():
+            if owner in load:
+                load[owner] += 1
+        chosen = []
+        for _ in range(len(slots)):  # least-loaded first, one row at a time
+            best = min(load, key=lambda i: (load[i], i)) if load else NO_WORKER
+            chosen.append(best)
+            if best != NO_WORKER:
+                load[best] += 1
+        self.worker_of[slots] = chosen
+        for index in set(chosen) - {NO_WORKER}:
+            mine = slots[np.asarray(chosen) == index]
+            if self.workers[index].ready:
+                self._send_rows(index, mine, with_output=False)
+
+    def remove_rows(self, slots: np.ndarray) -> None:
+        owners = self.worker_of[slots]
+        for index in set(owners.tolist()) - {NO_WORKER}:
+            if self.workers[index].ready:
+                self._send(index, RemoveRows(slots[owners == index]))
+        self.worker_of[slots] = NO_WORKER
+        for slot in slots.tolist():
+            self.rows.pop(slot, None)
+
+    # ------------------------------------------------------------------ per round
+    def poll(self) -> None:
+        """Take in whatever every worker has sent; restart dead workers. Never waits."""
+        assert self.buffers is not None
+        owned = self.worker_of != NO_WORKER
+        for index, worker in enumerate(self.workers):
+            try:
+                messages = worker.transport.drain()
+            except WorkerLost as exc:
+                self._lost(index, str(exc))
+                continue
+            for message in messages:
+                if isinstance(message, Drafts):
+                    if message.generation != self.generation:
+                        continue  # from an earlier generate call
+                    worker.busy_s += message.busy_s
+                    worker.steps += 1
+                    mine = owned & (self.worker_of == index)
+                    self.buffers.ingest(message, mine)
+                elif isinstance(message, Ready):
+                    self._on_ready(index)
+            if not worker.transport.alive():
+                self._lost(index, "process exited")
+
+    def take(self, slots: np.ndarray, caps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        assert self.buffers is not None
+        return self.buffers.take(slots, caps)
+
+    def after_round(self, slots: np.ndarray, verified: np.ndarray, accepted: np.ndarray, output: np.ndarray,
+                    emitted: np.ndarray) -> None:
+        """Reconcile the buffers with a verify (or prefill) round and send each worker its commits."""
+        assert self.buffers is not None
+        commits = self.buffers.reconcile(slots, verified, accepted, output, emitted)
+        owners = self.worker_of[slots]
+        for index in set(owners.tolist()) - {NO_WORKER}:
+            if not self.workers[index].ready:
+                continue
+            mask = owners == index
+            lengths = emitted[mask]
+            offsets = np.concatenate([[0], np.cumsum(lengths)])
+            # the rows' tokens, in the same row order as the full message
+            row_starts = commits.offsets[:-1][mask]
+            tokens = np.concatenate([commits.tokens[s : s + n] for s, n in zip(row_starts, lengths)]) \
+                if len(lengths) else np.zeros(0, dtype=np.int64)
+            self._send(index, type(commits)(slots[mask], commits.starts[mask], offsets, tokens))
+
+    # ------------------------------------------------------------------ failures
+    def _send(self, index: int, message: object) -> None:
+        try:
+            self.workers[index].transport.send(message)
+        except WorkerLost as exc:
+            self._lost(index, str(exc))
+
+    def _send_rows(self, index: int, slots: np.ndarray, with_output: bool) -> None:
+        keys = np.asarray([self.rows[s][0] for s in slots.tolist()], dtype=np.int64)
+        prompts = [self.rows[s][1] for s in slots.tolist()]
+        outputs = [np.asarray(self.output_of(s) if with_output else [], dtype=np.int64) for s in slots.tolist()]
+        self._send(index, AddRows(slots, keys, prompts, outputs))
+
+    def _on_ready(self, index: int) -> None:
+        worker = self.workers[index]
+        worker.ready = True
+        if self.reset_message is None:
+            return
+        self._send(index, self.reset_message)
+        mine = np.flatnonzero(self.worker_of == index)
+        if len(mine):
+            assert self.buffers is not None
+            self.buffers.drop_pending(mine)
+            self._send_rows(index, mine, with_output=True)
+
+    def _lost(self, index: int, why: str) -> None:
+        worker = self.workers[index]
+        if not worker.ready and worker.transport.alive():
+            return
+        logger.warning("drafter worker %d lost (%s); its rows decode without drafts until it is back", index, why)
+        if self.buffers is not None:
+            self.buffers.drop_pending(np.flatnonzero(self.worker_of == index))
+        worker.transport.close()
+        if worker.restarts >= self.max_restarts:
+            logger.warning("drafter worker %d failed %d times; not restarting it", index, worker.restarts)
+            self.worker_of[self.worker_of == index] = NO_WORKER
+            worker.ready = False
+            return
+        self.workers[index] = WorkerSlot(self.make_transport(index), restarts=worker.restarts + 1,
+                                         busy_s=worker.busy_s, steps=worker.steps)
+
+    def stats(self) -> dict[str, float]:
+        assert self.buffers is not None
+        return {"drafts_arrived": self.buffers.arrived, "drafts_kept": self.buffers.kept,
+                "worker_busy_s": sum(w.busy_s for w in self.workers),
+                "worker_restarts": sum(w.restarts for w in self.workers)}

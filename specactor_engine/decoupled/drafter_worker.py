@@ -1,0 +1,192 @@
+"""The drafter role of decoupled speculation: runs ahead of the committed prefix, streaming drafts.
+
+`DraftWorker` is the logic (testable in process); `worker_main` is the process entry point that
+loads a draft model, then loops: apply every message that has arrived, and if some row has room
+in its run-ahead window, run one batched draft step and send its `Drafts`; with nothing to do it
+blocks on the pipe. It never waits for the verifier otherwise.
+
+Per row it keeps the output chain (committed tokens, then its own drafts), how much of it the
+verifier has committed (`known`), the rolling hashes of every prefix of the chain, and how many
+tokens (prompt included) are in its KV cache. A commit that disagrees with the chain truncates
+the chain and the KV at the first difference and installs the verifier's tokens; drafting goes on
+from there with the target's position-keyed noise, so a good drafter reproduces the target.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from specactor_engine.decoupled.protocol import (
+    HASH_MOD,
+    HASH_MUL,
+    AddRows,
+    Commits,
+    Drafts,
+    Ready,
+    RemoveRows,
+    Reset,
+    SamplingSpec,
+    Shutdown,
+)
+from specactor_engine.model_runner import ModelRunner
+from specactor_engine.sampling import STREAM_TARGET, SamplingParams, sample_tokens
+
+
+@dataclass
+class _Row:
+    key: int
+    prompt: np.ndarray
+    chain: list[int] = field(default_factory=list)  # output tokens: committed, then drafted
+    hashes: list[int] = field(default_factory=lambda: [0])  # hashes[i] = hash of chain[:i]
+    known: int = 0  # output tokens the verifier has committed (a prefix of chain)
+    kv: int = 0  # tokens (prompt + output) in this worker's KV cache
+
+    def truncate(self, length: int) -> None:
+        del self.chain[length:], self.hashes[length + 1 :]
+        self.kv = min(self.kv, len(self.prompt) + length)
+
+    def append(self, token: int) -> None:
+        self.chain.append(token)
+        self.hashes.append((self.hashes[-1] * HASH_MUL + token + 1) % HASH_MOD)
+
+
+class DraftWorker:
+    """Draft-ahead state of one worker over its rows; `step()` drafts one token for each row with room."""
+
+    def __init__(self, model: torch.nn.Module, target_vocab_size: int) -> None:
+        self.runner = ModelRunner(model)
+        self.target_vocab_size = target_vocab_size
+        self.rows: dict[int, _Row] = {}
+        self.sampling: SamplingSpec | None = None
+        self.params: SamplingParams | None = None
+        self.window = 0
+        self.max_len = 0
+        self.generation = -1
+
+    # ------------------------------------------------------------------ messages
+    def handle(self, message: Any) -> None:
+        if isinstance(message, Reset):
+            self.rows.clear()
+            self.runner.allocate(message.num_slots, message.max_len)
+            self.sampling, self.window, self.max_len = message.sampling, message.window, message.max_len
+            self.generation = message.generation
+            self.params = SamplingParams(message.sampling.temperature, message.sampling.top_k, message.sampling.top_p)
+        elif isinstance(message, AddRows):
+            for slot, key, prompt, output in zip(message.slots.tolist(), message.keys.tolist(), message.prompts,
+                                                 message.outputs):
+                row = _Row(int(key), np.asarray(prompt, dtype=np.int64))
+                for token in np.asarray(output).tolist():
+                    row.append(int(token))
+                row.known = len(row.chain)
+                self.rows[slot] = row
+        elif isinstance(message, Commits):
+            self._apply_commits(message)
+        elif isinstance(message, RemoveRows):
+            for slot in message.slots.tolist():
+                self.rows.pop(slot, None)
+        else:
+            raise TypeError(f"drafter worker: unexpected message {type(message).__name__}")
+
+    def _apply_commits(self, message: Commits) -> None:
+        offsets = message.offsets.tolist()
+        for i, (slot, start) in enumerate(zip(message.slots.tolist(), message.starts.tolist())):
+            row = self.rows.get(slot)
+            if row is None:
+                continue
+            tokens = message.tokens[offsets[i] : offsets[i + 1]].tolist()
+            have = row.chain[start : start + len(tokens)]
+            same = next((j for j, (a, b) in enumerate(zip(have, tokens)) if a != b), len(have))
+            if same < len(tokens):  # diverged (or the chain was short): install the verifier's tokens
+                row.truncate(start + same)
+                for token in tokens[same:]:
+                    row.append(token)
+            row.known = max(row.known, start + len(tokens))
+
+    # ------------------------------------------------------------------ drafting
+    def has_work(self) -> bool:
+        return any(self._has_room(row) for row in self.rows.values())
+
+    def _has_room(self, row: _Row) -> bool:
+        assert self.sampling is not None
+        return (len(row.chain) - row.known < self.window and len(row.chain) < self.sampling.max_new_tokens
+                and len(row.prompt) + len(row.chain) < self.max_len)
+
+    def step(self) -> Drafts | None:
+        """One batched draft step: the next token of every row with room (None if no row has)."""
+        slots = [slot for slot, row in self.rows.items() if self._has_room(row)]
+        if not slots:
+            return None
+        started = time.perf_counter()
+        logits = torch.empty(len(slots), self.target_vocab_size)
+        catch_up = [i for i, s in enumerate(slots) if self._unfed(self.rows[s]) > 1]
+        single = [i for i, s in enumerate(slots) if self._unfed(self.rows[s]) == 1]
+        for group in (catch_up, single):  # a long catch-up must not pad every row's forward
+            if group:
+                logits[group] = self._feed([slots[i] for i in group]).to(logits.dtype)
+        rows = [self.rows[s] for s in slots]
+        keys = torch.tensor([r.key for r in rows])
+        positions = torch.tensor([len(r.chain) for r in rows])
+        assert self.params is not None
+        tokens = sample_tokens(logits[:, None], self.params, keys, positions[:, None], STREAM_TARGET)[:, 0]
+        parents = [r.hashes[-1] for r in rows]
+        for row, token in zip(rows, tokens.tolist()):
+            row.append(int(token))
+        return Drafts(np.asarray(slots), positions.numpy(), tokens.numpy(), np.asarray(parents, dtype=np.int64),
+                      time.perf_counter() - started, self.generation)
+
+    def _unfed(self, row: _Row) -> int:
+        return len(row.prompt) + len(row.chain) - row.kv
+
+    def _feed(self, slots: list[int]) -> torch.Tensor:
+        """Forward every not-yet-cached token of these rows; logits at each row's last: [R, V_target]."""
+        rows = [self.rows[s] for s in slots]
+        pieces = [np.concatenate([r.prompt, np.asarray(r.chain, dtype=np.int64)])[r.kv :] for r in rows]
+        width = max(len(p) for p in pieces)
+        tokens = torch.zeros(len(rows), width, dtype=torch.long)
+        for i, piece in enumerate(pieces):
+            tokens[i, : len(piece)] = torch.from_numpy(piece)
+        counts = torch.tensor([len(p) for p in pieces])
+        slot_ids = torch.tensor(slots)
+        self.runner.set_lengths(slot_ids, torch.tensor([r.kv for r in rows]))
+        logits = self.runner.forward(tokens, slot_ids, counts, logits_at="last")
+        self.runner.commit(slot_ids, counts)
+        for row, count in zip(rows, counts.tolist()):
+            row.kv += count
+        return self._match_vocab(logits)
+
+    def _match_vocab(self, logits: torch.Tensor) -> torch.Tensor:
+        width = logits.shape[-1]
+        if width > self.target_vocab_size:
+            return logits[:, : self.target_vocab_size]
+        if width < self.target_vocab_size:
+            pad = logits.new_full((logits.shape[0], self.target_vocab_size - width), float("-inf"))
+            return torch.cat([logits, pad], dim=-1)
+        return logits
+
+
+def worker_main(conn: Any, model_path: str, dtype: str, threads: int, target_vocab_size: int) -> None:
+    """Process entry: load the draft model, announce `Ready`, then serve messages and draft."""
+    from specactor_engine.model_runner import load_hf_model
+
+    torch.set_num_threads(threads)
+    started = time.perf_counter()
+    worker = DraftWorker(load_hf_model(model_path, dtype), target_vocab_size)
+    conn.send(Ready(os.getpid(), time.perf_counter() - started))
+    try:
+        while True:
+            while conn.poll(0) or not worker.has_work():
+                message = conn.recv()  # blocks only when there is nothing to draft
+                if isinstance(message, Shutdown):
+                    return
+                worker.handle(message)
+            drafts = worker.step()
+            if drafts is not None:
+                conn.send(drafts)
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        return  # the verifier went away

@@ -1,0 +1,210 @@
+"""Decoupled speculation: drafter workers in their own processes, the verifier never waits.
+
+Exactness against plain decoding (fp64 tiny models, greedy and seeded sampling) with random
+transport delays and two workers; a worker killed mid-rollout; a stress run; the buffers' and
+the worker's protocol logic in process.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from specactor_engine.decoupled.buffers import DraftBuffers
+from specactor_engine.decoupled.coordinator import DecoupledCoordinator
+from specactor_engine.decoupled.drafter_worker import DraftWorker
+from specactor_engine.decoupled.protocol import AddRows, Commits, Drafts, Reset, SamplingSpec, chain_hash
+from specactor_engine.decoupled.transport import DelayedTransport, LocalWorker, WorkerSpec
+from specactor_engine.engine import Engine
+from specactor_engine.model_runner import load_hf_model
+from specactor_engine.types import Request
+from tests.engine.test_exactness import MAX_LEN, ragged_requests, run, sampling, token_ids
+from tests.fixtures.tiny_models import make_tiny_model, make_tokenizer, save_tiny_model
+
+K = 4
+NOISE = 0.3  # relative std of the noise on the noisy drafter's lm_head
+ROUND_S = 0.03  # tiny models verify in ~1 ms: a slower verifier (as with real models) lets drafts arrive
+
+
+def slow_verifier(done: int, total: int) -> None:
+    """Progress callback (after every round) that stands in for a real model's verify time."""
+    time.sleep(ROUND_S)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("decoupled")
+    # a noisy copy of the target: its drafts are often right and often wrong, so both keeping
+    # streamed drafts and realigning after rejections are exercised
+    noisy = make_tiny_model("qwen2", seed=11, dtype=torch.float64)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        noisy.lm_head.weight.add_(torch.randn(noisy.lm_head.weight.shape, generator=generator,
+                                              dtype=torch.float64) * NOISE * noisy.lm_head.weight.std())
+    noisy.save_pretrained(root / "noisy")
+    make_tokenizer().save_pretrained(root / "noisy")
+    return {"target": save_tiny_model(root / "target", "qwen2", seed=11, dtype=torch.float64),
+            "other": root / "noisy"}
+
+
+@pytest.fixture(scope="module")
+def target(models):
+    return load_hf_model(models["target"], "float64")
+
+
+def coordinator_for(path: Path, vocab: int, workers: int = 1, max_delay_s: float = 0.0) -> DecoupledCoordinator:
+    def start(index: int):
+        worker = LocalWorker(WorkerSpec(str(path), "float64", 1, vocab))
+        return DelayedTransport(worker, max_delay_s, seed=index) if max_delay_s else worker
+
+    coordinator = DecoupledCoordinator(start, workers)
+    assert coordinator.wait_ready(120), "drafter workers did not start"
+    return coordinator
+
+
+def decoupled_engine(target, coordinator, **kwargs) -> Engine:
+    return Engine(target, make_tokenizer(), mode="decoupled", num_draft_tokens=K, max_batch_size=16,
+                  max_model_len=MAX_LEN, coordinator=coordinator, check_invariants=True, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def delayed_pair(models, target):
+    """Two workers running the target's own weights (accepted drafts), delays up to 20 ms each way."""
+    coordinator = coordinator_for(models["target"], target.config.vocab_size, workers=2, max_delay_s=0.02)
+    yield coordinator
+    coordinator.close()
+
+
+@pytest.fixture(scope="module")
+def other_drafter(models, target):
+    coordinator = coordinator_for(models["other"], target.config.vocab_size, workers=1, max_delay_s=0.005)
+    yield coordinator
+    coordinator.close()
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_exact_with_delays_and_two_workers(target, delayed_pair, temperature):
+    params = sampling(temperature, n=2, max_new_tokens=24)
+    reference = token_ids(run(target, ragged_requests(6), params))
+    result = decoupled_engine(target, delayed_pair).generate(ragged_requests(6), params, progress=slow_verifier)
+    assert token_ids(result) == reference
+    assert result.stats.accepted_tokens > 0  # drafts were really used
+    assert result.stats.decoupled["drafts_arrived"] > 0
+    workers_used = {int(w) for w in delayed_pair.worker_of if w >= 0}
+    assert workers_used <= {0, 1}
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_exact_with_a_drafter_that_is_often_wrong(target, other_drafter, temperature):
+    params = sampling(temperature, n=2, max_new_tokens=30)
+    reference = token_ids(run(target, ragged_requests(6), params))
+    result = decoupled_engine(target, other_drafter).generate(ragged_requests(6), params, progress=slow_verifier)
+    assert token_ids(result) == reference
+    assert result.stats.drafted_tokens > result.stats.accepted_tokens  # rejections happened
+
+
+def test_dynamic_verify_length_is_exact_in_decoupled_mode(target, delayed_pair):
+    params = sampling(1.0, n=2, max_new_tokens=24)
+    reference = token_ids(run(target, ragged_requests(5), params))
+    engine = decoupled_engine(target, delayed_pair, verify_length="dynamic")
+    assert token_ids(engine.generate(ragged_requests(5), params, progress=slow_verifier)) == reference
+
+
+def test_killed_worker_still_completes_identically_and_restarts(models, target):
+    params = sampling(1.0, n=2, max_new_tokens=60, ignore_eos=True)
+    reference = token_ids(run(target, ragged_requests(6), params))
+    coordinator = coordinator_for(models["target"], target.config.vocab_size, workers=1)
+    first = coordinator.workers[0].transport
+    engine = decoupled_engine(target, coordinator)
+    killed, rounds = [], []
+
+    def kill_midway(done: int, total: int) -> None:  # called after every round
+        rounds.append(done)
+        slow_verifier(done, total)
+        if len(rounds) == 5:
+            first.kill()
+            killed.append(True)
+
+    try:
+        result = engine.generate(ragged_requests(6), params, progress=kill_midway)
+        assert killed and token_ids(result) == reference
+        assert not first.process.is_alive()
+        assert coordinator.workers[0].restarts == 1
+        assert coordinator.wait_ready(120)  # the replacement comes up and takes the rows of the next call
+        again = engine.generate(ragged_requests(6), params, progress=slow_verifier)
+        assert token_ids(again) == reference and again.stats.accepted_tokens > 0
+    finally:
+        coordinator.close()
+    assert not any(w.transport.process.is_alive() for w in coordinator.workers)
+
+
+def test_stress_random_delays_and_lengths_leaves_no_process(models, target):
+    before = {p.pid for p in multiprocessing.active_children()}
+    coordinator = coordinator_for(models["other"], target.config.vocab_size, workers=2, max_delay_s=0.05)
+    engine = decoupled_engine(target, coordinator, verify_length="dynamic")
+    rng = np.random.default_rng(0)
+    try:
+        for trial in range(3):
+            requests = [Request(f"s{trial}-{i}", prompt_token_ids=rng.integers(3, 200, int(rng.integers(1, 30))).tolist())
+                        for i in range(int(rng.integers(3, 9)))]
+            params = sampling(1.0, n=int(rng.integers(1, 4)), max_new_tokens=int(rng.integers(5, 50)), seed=trial)
+            reference = token_ids(run(target, requests, params))
+            pause = float(rng.uniform(0, 0.02))
+            assert token_ids(engine.generate(requests, params, progress=lambda d, t: time.sleep(pause))) == reference
+    finally:
+        coordinator.close()
+    deadline = time.monotonic() + 10
+    while {p.pid for p in multiprocessing.active_children()} - before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not {p.pid for p in multiprocessing.active_children()} - before
+
+
+# ------------------------------------------------------------------------------ protocol units
+def test_buffers_keep_only_drafts_that_continue_the_chain():
+    buffers = DraftBuffers(num_slots=2, width=4)
+    buffers.add_rows(np.array([0, 1]))
+    owned = np.array([True, True])
+
+    def drafts(slots, positions, tokens, parents):
+        return Drafts(np.array(slots), np.array(positions), np.array(tokens), np.array(parents, dtype=np.int64), 0.0, 1)
+
+    buffers.ingest(drafts([0, 1], [0, 0], [7, 9], [chain_hash([]), 12345]), owned)  # row 1: wrong parent
+    buffers.ingest(drafts([0], [1], [8], [chain_hash([7])]), owned)
+    buffers.ingest(drafts([0], [3], [5], [chain_hash([7, 8, 1])]), owned)  # a gap: dropped
+    assert buffers.count.tolist() == [2, 0]
+    tokens, num = buffers.take(np.array([0, 1]), np.array([4, 4]))
+    assert tokens.tolist() == [[7, 8], [0, 0]] and num.tolist() == [2, 0]
+    # row 0 verifies 1 draft, accepts it, and the target's next token equals its 2nd draft: it stays
+    commits = buffers.reconcile(np.array([0]), np.array([1]), np.array([1]), np.array([[7, 8]]), np.array([2]))
+    assert buffers.count[0] == 0 and buffers.committed_len[0] == 2
+    assert commits.tokens.tolist() == [7, 8] and commits.starts.tolist() == [0]
+    buffers.ingest(drafts([0], [2], [4], [chain_hash([7, 8])]), owned)
+    buffers.ingest(drafts([0], [3], [6], [chain_hash([7, 8, 4])]), owned)
+    # verify 1 of 2, rejected (target says 3): the rest is dropped
+    buffers.reconcile(np.array([0]), np.array([1]), np.array([0]), np.array([[3, 0]]), np.array([1]))
+    assert buffers.count[0] == 0 and buffers.pending_hash[0] == chain_hash([7, 8, 3])
+    # a late draft built on the rejected token dies on arrival
+    buffers.ingest(drafts([0], [3], [1], [chain_hash([7, 8, 4])]), owned)
+    assert buffers.count[0] == 0
+
+
+def test_worker_realigns_on_a_diverging_commit(target):
+    worker = DraftWorker(target, target.config.vocab_size)
+    worker.handle(Reset(2, 64, SamplingSpec(1.0, 0, 1.0, 20), window=3, generation=1))
+    worker.handle(AddRows(np.array([1]), np.array([99]), [np.array([5, 6, 7])], [np.array([], dtype=np.int64)]))
+    steps = [worker.step() for _ in range(4)]
+    assert steps[3] is None  # the window (3 past the last known commit) is full
+    drafted = [int(s.tokens[0]) for s in steps[:3]]
+    assert [int(s.positions[0]) for s in steps[:3]] == [0, 1, 2]
+    wrong = (drafted[1] + 1) % target.config.vocab_size
+    worker.handle(Commits(np.array([1]), np.array([0]), np.array([0, 2]), np.array([drafted[0], wrong])))
+    row = worker.rows[1]
+    assert row.chain == [drafted[0], wrong] and row.known == 2
+    assert row.kv <= 3 + 1  # KV cut back to the divergence
+    nxt = worker.step()
+    assert int(nxt.positions[0]) == 2 and int(nxt.parent_hashes[0]) == chain_hash([drafted[0], wrong])
