@@ -306,6 +306,48 @@ class CoupledDynamicEngine(CoupledEngine):
         self.engine._ensure_length_policy(min(rows, self.engine.max_batch_size))
 
 
+@register_system("decoupled")
+class DecoupledEngine(EngineSystem):
+    """Drafter (the trace's draft model) in a worker process with its own threads; the verifier
+    never waits; dynamic verify length and dynamic decoupling. Thread budget: 1 drafter thread,
+    the rest verify (all of them in the phases where the drafter is paused)."""
+
+    mode = "decoupled"
+    verify_length = "dynamic"
+
+    def __init__(self, spec: RunSpec) -> None:
+        from specactor_engine.engine import Engine
+        from specactor_engine.decoupled.coordinator import DecoupledCoordinator
+        from specactor_engine.decoupled.transport import LocalWorker, WorkerSpec
+
+        if spec.drafter is None:
+            raise RuntimeError("decoupled needs a draft model (this trace has none)")
+        model, tokenizer = load_target(spec)
+        worker = WorkerSpec(str(_resolve(spec.drafter, spec.dtype)), spec.dtype, 1, model.config.vocab_size)
+        self.coordinator = DecoupledCoordinator(lambda index: LocalWorker(worker), 1)
+        if not self.coordinator.wait_ready(600):
+            raise RuntimeError("the drafter worker did not start")
+        self.engine = Engine(model, tokenizer, mode="decoupled", num_draft_tokens=spec.num_draft_tokens,
+                             max_batch_size=spec.max_batch_size or ALL_AT_ONCE, verify_length="dynamic",
+                             coordinator=self.coordinator, verifier_threads=max(spec.threads - 1, 1),
+                             dynamic_decoupling=True)
+
+    def prepare(self, requests: Sequence[Request], sampling: SamplingConfig) -> None:
+        # the cost profile belongs to start-up, at the verifier's thread count
+        previous = torch.get_num_threads()
+        torch.set_num_threads(self.engine.verifier_threads or previous)
+        try:
+            self.engine._ensure_length_policy(min(len(requests) * sampling.n, self.engine.max_batch_size))
+        finally:
+            torch.set_num_threads(previous)
+
+    def external_cpu_s(self) -> float:
+        return sum(w.transport.cpu_s() for w in self.coordinator.workers)
+
+    def close(self) -> None:
+        self.coordinator.close()
+
+
 class OracleDrafter(Drafter):
     """Proposes the reference run's own next tokens, so every draft is accepted.
 

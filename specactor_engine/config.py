@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_core import ErrorDetails
 
 Dtype = Literal["float32", "bfloat16", "float16", "float64"]
-RolloutMode = Literal["ar", "coupled"]  # extend here: "decoupled", "specactor"
+RolloutMode = Literal["ar", "coupled", "decoupled"]  # extend here: "specactor"
 AcceptanceRule = Literal["position_keyed", "rejection"]
 
 DEFAULT_CONFIG_RESOURCE = "default_config.yaml"
@@ -100,10 +100,26 @@ class NgramDrafterConfig(_DrafterBase):
 DrafterConfig = Annotated[Union[ModelDrafterConfig, NgramDrafterConfig], Field(discriminator="kind")]
 
 
+class DecoupledConfig(_Frozen):
+    """Decoupled mode: drafter worker processes run ahead of the verifier, streaming drafts."""
+
+    drafter: str | None = Field(None, description="Draft model for the workers: a registered name or a local HF dir.")
+    dtype: Dtype | None = Field(None, description="Drafter dtype (None: model.dtype).")
+    workers: int = Field(1, ge=1, le=16, description="Drafter worker processes; rows go to the least-loaded one.")
+    worker_threads: int = Field(1, ge=1, description="torch threads per worker.")
+    verifier_threads: int | None = Field(
+        None, ge=1, description="torch threads of the verifier while decoding (None: `threads` minus the workers' "
+        "threads, at least 1).")
+    max_restarts: int = Field(3, ge=0, description="Restarts of a crashed worker before its rows decode plainly.")
+    dynamic: bool = Field(True, description="Measure, per phase of a rollout, whether running the workers beats "
+                          "plain decoding on every thread, and pause them when it does not.")
+
+
 class RolloutConfig(_Frozen):
     """How the engine decodes: mode, speculation length, acceptance rule and drafters."""
 
-    mode: RolloutMode = Field("coupled", description="'ar': no speculation; 'coupled': draft then verify.")
+    mode: RolloutMode = Field("coupled", description="'ar': no speculation; 'coupled': draft then verify; "
+                              "'decoupled': drafter worker processes stream drafts, the verifier never waits.")
     num_draft_tokens: int = Field(4, ge=1, le=16, description="Draft tokens per row per verify round (k; "
                                   "with verify_length 'dynamic', the most it may choose).")
     verify_length: Literal["fixed", "dynamic"] = Field(
@@ -118,6 +134,7 @@ class RolloutConfig(_Frozen):
     drafters: list[DrafterConfig] = Field(
         default_factory=lambda: [NgramDrafterConfig()], description="Draft methods used by speculative modes."
     )
+    decoupled: DecoupledConfig = Field(default_factory=DecoupledConfig, description="Settings of mode 'decoupled'.")
 
     @field_validator("drafters")
     @classmethod
@@ -130,8 +147,14 @@ class RolloutConfig(_Frozen):
 
     @model_validator(mode="after")
     def _coupled_needs_drafter(self) -> RolloutConfig:
-        if self.mode != "ar" and not self.drafters:
+        if self.mode == "coupled" and not self.drafters:
             raise ValueError(f"mode '{self.mode}' needs at least one drafter in rollout.drafters")
+        if self.mode == "decoupled":
+            if self.decoupled.drafter is None:
+                raise ValueError("mode 'decoupled' needs rollout.decoupled.drafter (a draft model name or dir)")
+            if self.acceptance == "rejection":
+                raise ValueError("mode 'decoupled' streams drafts without their probabilities: set "
+                                 "rollout.acceptance to 'position_keyed'")
         return self
 
 

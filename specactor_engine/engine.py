@@ -23,6 +23,7 @@ import torch
 from specactor_engine import acceptance
 from specactor_engine.cost_profile import load_or_measure
 from specactor_engine.decoupled.coordinator import DecoupledCoordinator
+from specactor_engine.decoupled.phase import DECOUPLED, SOLO, DecouplingPolicy
 from specactor_engine.decoupled.protocol import SamplingSpec
 from specactor_engine.drafters import DraftRequest, Drafter, DrafterContext, build_drafter
 from specactor_engine.model_runner import ModelRunner, load_hf_model
@@ -69,7 +70,8 @@ class Engine:
                  acceptance_rule: str = "position_keyed", max_batch_size: int = 256, max_model_len: int = 2048,
                  chat_template: bool = True, drafters: Sequence[Drafter] = (), check_invariants: bool = False,
                  verify_length: str = "fixed", cost_table: CostTable | None = None,
-                 coordinator: DecoupledCoordinator | None = None, verifier_threads: int | None = None) -> None:
+                 coordinator: DecoupledCoordinator | None = None, verifier_threads: int | None = None,
+                 dynamic_decoupling: bool = False) -> None:
         self.tokenizer = tokenizer
         self.mode = mode
         self.num_draft_tokens = num_draft_tokens if mode != "ar" else 0
@@ -86,6 +88,7 @@ class Engine:
             raise ValueError("mode 'decoupled' streams drafts without their probabilities: use position_keyed "
                              "acceptance")
         self.verifier_threads = verifier_threads
+        self.dynamic_decoupling = dynamic_decoupling
         self.check_invariants = check_invariants
         if verify_length not in ("fixed", "dynamic"):
             raise ValueError(f"verify_length must be 'fixed' or 'dynamic', got {verify_length!r}")
@@ -116,11 +119,28 @@ class Engine:
             device=config.model.device, dtype=config.model.dtype, target_tokenizer=tokenizer,
             target_vocab_size=target.config.vocab_size, cache_dir=config.model.cache_dir,
         )
-        drafters = [build_drafter(d, context) for d in config.rollout.drafters] if config.rollout.mode != "ar" else []
-        return cls(target, tokenizer, mode=config.rollout.mode, num_draft_tokens=config.rollout.num_draft_tokens,
+        mode = config.rollout.mode
+        drafters = [build_drafter(d, context) for d in config.rollout.drafters] if mode == "coupled" else []
+        coordinator, verifier_threads = None, None
+        if mode == "decoupled":
+            coordinator, verifier_threads = start_workers(config, tokenizer, target.config.vocab_size)
+        return cls(target, tokenizer, mode=mode, num_draft_tokens=config.rollout.num_draft_tokens,
                    acceptance_rule=config.rollout.acceptance, max_batch_size=config.rollout.max_batch_size,
                    max_model_len=config.model.max_model_len, chat_template=config.model.chat_template,
-                   drafters=drafters, verify_length=config.rollout.verify_length)
+                   drafters=drafters, verify_length=config.rollout.verify_length, coordinator=coordinator,
+                   verifier_threads=verifier_threads,
+                   dynamic_decoupling=mode == "decoupled" and config.rollout.decoupled.dynamic)
+
+    def close(self) -> None:
+        """Stop the decoupled drafter workers, if any (idempotent)."""
+        if self.coordinator is not None:
+            self.coordinator.close()
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # ------------------------------------------------------------------ weights
     def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int,
@@ -147,17 +167,17 @@ class Engine:
                             accepted_per_position=[0] * self.num_draft_tokens)
         sequences = self._prepare(requests, sampling)
         runnable = [s for s in sequences if s.error is None]
-        if self.verify_length == "dynamic" and runnable:
-            self._ensure_length_policy(min(len(runnable), self.max_batch_size))
-        run = _Run(self, sampling, stats, self._reserve(runnable, sampling), started)
         threads = torch.get_num_threads()
-        if self.verifier_threads:
+        if self.verifier_threads:  # decoupled: the workers' threads are not ours to use
             torch.set_num_threads(self.verifier_threads)
         try:
+            if self.verify_length == "dynamic" and runnable:
+                self._ensure_length_policy(min(len(runnable), self.max_batch_size))
+            run = _Run(self, sampling, stats, self._reserve(runnable, sampling), started, total_threads=threads)
             run.decode(runnable, progress)
         finally:
             torch.set_num_threads(threads)
-            if self.coordinator is not None:
+            if self.coordinator is not None and self.coordinator.buffers is not None:
                 stats.decoupled = self.coordinator.stats()
         stats.total_s = time.perf_counter() - started
         stats.num_sequences = len(sequences)
@@ -204,13 +224,38 @@ class Engine:
                               seq.logprobs, seq.finish_reason or "length", self.policy_version, seq.error)
 
 
+def start_workers(config: Any, tokenizer: Any, vocab_size: int) -> tuple[DecoupledCoordinator, int]:
+    """Spawn the drafter workers of a decoupled config: (coordinator, verifier threads).
+
+    The workers load their model in the background; rounds run without drafts until they are
+    ready (the verifier never waits).
+    """
+    from transformers import AutoTokenizer
+
+    from specactor_engine.decoupled.transport import LocalWorker, WorkerSpec
+    from specactor_engine.drafters.model import check_same_tokenizer
+    from specactor_engine.models import resolve_model
+
+    settings = config.rollout.decoupled
+    dtype = settings.dtype or config.model.dtype
+    path = resolve_model(settings.drafter, dtype=dtype, cache_dir=config.model.cache_dir)
+    check_same_tokenizer(tokenizer, AutoTokenizer.from_pretrained(path), settings.drafter)
+    spec = WorkerSpec(str(path), dtype, settings.worker_threads, vocab_size)
+    total = config.threads or torch.get_num_threads()
+    verifier_threads = settings.verifier_threads or max(total - settings.workers * settings.worker_threads, 1)
+    coordinator = DecoupledCoordinator(lambda index: LocalWorker(spec), settings.workers,
+                                       max_restarts=settings.max_restarts)
+    return coordinator, verifier_threads
+
+
 class _Run:
     """State of one `generate` call: slots, sequences in flight, the round loop."""
 
     def __init__(self, engine: Engine, sampling: Any, stats: EngineStats, capacity: tuple[int, int],
-                 started: float) -> None:
+                 started: float, total_threads: int | None = None) -> None:
         self.engine = engine
         self.started = started
+        self.total_threads = total_threads or torch.get_num_threads()
         self.runner = engine.runner
         self.stats = stats
         self.params = SamplingParams(sampling.temperature, sampling.top_k, sampling.top_p)
@@ -227,6 +272,9 @@ class _Run:
             spec = SamplingSpec(sampling.temperature, sampling.top_k, sampling.top_p, sampling.max_new_tokens)
             self.coordinator.reset(num_slots, max_len, spec, window=2 * engine.num_draft_tokens,
                                    output_of=lambda slot: self.slot_seq[slot].output_ids)
+        # dynamic decoupling: phases with the workers drafting, or paused with every thread verifying
+        self.phase = DecouplingPolicy() if self.coordinator is not None and engine.dynamic_decoupling else None
+        self.arm = DECOUPLED
 
     def decode(self, sequences: list[_Sequence], progress: Callable[[int, int], None] | None = None) -> None:
         pending = deque(sequences)
@@ -278,8 +326,11 @@ class _Run:
         round_started = time.perf_counter()
         slots = torch.tensor(sorted(self.slot_seq))
         caps = self._draft_caps(slots)
-        policy = self.engine.length_policy if self.engine.verify_length == "dynamic" else None
-        if policy is not None:
+        arm = self._choose_arm()
+        policy = self.engine.length_policy if self.engine.verify_length == "dynamic" and arm != SOLO else None
+        if arm == SOLO:
+            caps = torch.zeros_like(caps)
+        elif policy is not None:
             caps = caps.clamp_max(policy.choose(len(slots)))
         started = time.perf_counter()
         proposal, sources = self._propose(slots, caps) if self.coordinator is None else self._take(slots, caps)
@@ -297,6 +348,21 @@ class _Run:
             k = int(caps.max()) if len(caps) else 0
             policy.observe_round(k, caps.numpy(), num_accepted.numpy(), draft_s, time.perf_counter() - round_started,
                                  len(slots))
+        if self.phase is not None:
+            self.phase.observe(arm, self.stats.timeline[-1]["emitted"], time.perf_counter() - round_started)
+
+    def _choose_arm(self) -> str | None:
+        """Dynamic decoupling: this round's arm; switching pauses/resumes the workers and moves threads."""
+        if self.phase is None:
+            return None
+        arm = self.phase.choose()
+        if arm != self.arm:
+            assert self.coordinator is not None
+            self.coordinator.pause(arm == SOLO)
+            torch.set_num_threads(self.total_threads if arm == SOLO else (self.engine.verifier_threads or 1))
+            self.arm = arm
+        self.stats.arm_rounds[arm] = self.stats.arm_rounds.get(arm, 0) + 1
+        return arm
 
     def _draft_caps(self, slots: torch.Tensor) -> torch.Tensor:
         """Per-row draft count so a round never passes max_new_tokens or the context: [R]."""

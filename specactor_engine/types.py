@@ -102,6 +102,7 @@ class EngineStats:
     # the rows each drafter supplied ({name: rows}).
     timeline: list[dict[str, Any]] = field(default_factory=list)
     decoupled: dict[str, float] = field(default_factory=dict)  # decoupled mode: worker figures
+    arm_rounds: dict[str, int] = field(default_factory=dict)  # dynamic decoupling: rounds per arm
 
     @property
     def mean_acceptance_length(self) -> float:

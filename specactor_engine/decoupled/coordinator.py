@@ -17,7 +17,7 @@ from typing import Callable
 import numpy as np
 
 from specactor_engine.decoupled.buffers import DraftBuffers
-from specactor_engine.decoupled.protocol import AddRows, Drafts, Ready, RemoveRows, Reset, SamplingSpec
+from specactor_engine.decoupled.protocol import AddRows, Drafts, Pause, Ready, RemoveRows, Reset, SamplingSpec
 from specactor_engine.decoupled.transport import Transport, WorkerLost
 
 logger = logging.getLogger(__name__)
@@ -50,6 +50,7 @@ class DecoupledCoordinator:
         self.rows: dict[int, tuple[int, np.ndarray]] = {}  # slot -> (key, prompt ids)
         self.output_of: Callable[[int], list[int]] = lambda slot: []
         self.generation = 0
+        self.paused = False
 
     # ------------------------------------------------------------------ lifecycle
     def reset(self, num_slots: int, max_len: int, sampling: SamplingSpec, window: int,
@@ -61,9 +62,11 @@ class DecoupledCoordinator:
         self.worker_of = np.full(num_slots, NO_WORKER, dtype=np.int64)
         self.rows.clear()
         self.output_of = output_of
+        self.paused = False
         for index, worker in enumerate(self.workers):
             if worker.ready:
                 self._send(index, self.reset_message)
+                self._send(index, Pause(False))
 
     def close(self) -> None:
         for worker in self.workers:
@@ -107,6 +110,13 @@ class DecoupledCoordinator:
             mine = slots[np.asarray(chosen) == index]
             if self.workers[index].ready:
                 self._send_rows(index, mine, with_output=False)
+
+    def pause(self, paused: bool) -> None:
+        """Pause or resume drafting on every worker (dynamic decoupling's plain-decoding phases)."""
+        self.paused = paused
+        for index, worker in enumerate(self.workers):
+            if worker.ready:
+                self._send(index, Pause(paused))
 
     def remove_rows(self, slots: np.ndarray) -> None:
         owners = self.worker_of[slots]
@@ -182,6 +192,7 @@ class DecoupledCoordinator:
         if self.reset_message is None:
             return
         self._send(index, self.reset_message)
+        self._send(index, Pause(self.paused))
         mine = np.flatnonzero(self.worker_of == index)
         if len(mine):
             assert self.buffers is not None

@@ -28,6 +28,7 @@ from specactor_engine.decoupled.protocol import (
     AddRows,
     Commits,
     Drafts,
+    Pause,
     Ready,
     RemoveRows,
     Reset,
@@ -68,6 +69,7 @@ class DraftWorker:
         self.window = 0
         self.max_len = 0
         self.generation = -1
+        self.paused = False
 
     # ------------------------------------------------------------------ messages
     def handle(self, message: Any) -> None:
@@ -87,6 +89,8 @@ class DraftWorker:
                 self.rows[slot] = row
         elif isinstance(message, Commits):
             self._apply_commits(message)
+        elif isinstance(message, Pause):
+            self.paused = message.paused
         elif isinstance(message, RemoveRows):
             for slot in message.slots.tolist():
                 self.rows.pop(slot, None)
@@ -110,7 +114,7 @@ class DraftWorker:
 
     # ------------------------------------------------------------------ drafting
     def has_work(self) -> bool:
-        return any(self._has_room(row) for row in self.rows.values())
+        return not self.paused and any(self._has_room(row) for row in self.rows.values())
 
     def _has_room(self, row: _Row) -> bool:
         assert self.sampling is not None

@@ -1,7 +1,7 @@
 """Messages between the verifier and its drafter workers, and the chain hash that validates drafts.
 
 Verifier -> drafter:  `Reset` (a new generate call), `AddRows`, `Commits` (every round, the tokens
-                      each row committed), `RemoveRows`, `Shutdown`.
+                      each row committed), `RemoveRows`, `Pause`, `Shutdown`.
 Drafter -> verifier:  `Drafts` (one draft step: one token per row it drafted for), `Ready`.
 
 A draft is trusted only if it continues exactly the chain the verifier holds. Rather than epochs
@@ -95,6 +95,13 @@ class Commits:
 @dataclass(frozen=True)
 class RemoveRows:
     slots: np.ndarray
+
+
+@dataclass(frozen=True)
+class Pause:
+    """Stop (True) or resume (False) drafting; commits are still applied while paused."""
+
+    paused: bool
 
 
 @dataclass(frozen=True)

@@ -115,6 +115,19 @@ def test_dynamic_verify_length_is_exact_in_decoupled_mode(target, delayed_pair):
     assert token_ids(engine.generate(ragged_requests(5), params, progress=slow_verifier)) == reference
 
 
+def test_dynamic_decoupling_switches_phases_and_stays_exact(target, delayed_pair):
+    params = sampling(1.0, n=2, max_new_tokens=40, ignore_eos=True)
+    reference = token_ids(run(target, ragged_requests(5), params))
+    engine = decoupled_engine(target, delayed_pair, verify_length="dynamic", dynamic_decoupling=True,
+                              verifier_threads=1)
+    result = engine.generate(ragged_requests(5), params, progress=slow_verifier)
+    assert token_ids(result) == reference
+    assert set(result.stats.arm_rounds) == {"decoupled", "solo"}  # both arms were measured
+    threads = torch.get_num_threads()
+    engine.generate(ragged_requests(2), sampling(0.0, max_new_tokens=4))
+    assert torch.get_num_threads() == threads  # the caller's thread count comes back after each call
+
+
 def test_killed_worker_still_completes_identically_and_restarts(models, target):
     params = sampling(1.0, n=2, max_new_tokens=60, ignore_eos=True)
     reference = token_ids(run(target, ragged_requests(6), params))

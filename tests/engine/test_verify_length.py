@@ -129,3 +129,4 @@ def test_overhead_and_draft_cost_are_learned_from_rounds():
     policy.stats.accept_through = [0.5, 0.3, 0.1, 0.05]
     # each draft now costs as much as the verify itself: E[1]/0.4 = 3.75 beats E[2]/0.5 = 3.6 and E[0]/0.3
     assert policy.best(2) == 1
+

@@ -1,0 +1,31 @@
+"""Dynamic decoupling: the per-phase choice between running the drafter workers and plain decoding."""
+
+from __future__ import annotations
+
+from specactor_engine.decoupled.phase import DECOUPLED, SOLO, DecouplingPolicy
+
+
+def drive(policy: DecouplingPolicy, rates: dict[str, float], rounds: int) -> list[str]:
+    """Run the policy against arms that emit `rates[arm]` tokens per second (1 s rounds)."""
+    arms = []
+    for _ in range(rounds):
+        arm = policy.choose()
+        policy.observe(arm, int(rates[arm]), 1.0)
+        arms.append(arm)
+    return arms
+
+
+def test_decoupling_policy_explores_both_then_exploits_the_faster():
+    policy = DecouplingPolicy(explore_rounds=2, exploit_rounds=5)
+    arms = drive(policy, {DECOUPLED: 100, SOLO: 60}, 9)
+    assert arms == [DECOUPLED] * 2 + [SOLO] * 2 + [DECOUPLED] * 5
+    policy = DecouplingPolicy(explore_rounds=2, exploit_rounds=5)
+    assert drive(policy, {DECOUPLED: 60, SOLO: 100}, 9)[4:] == [SOLO] * 5
+
+
+def test_decoupling_needs_the_margin_and_re_explores_when_things_change():
+    policy = DecouplingPolicy(explore_rounds=2, exploit_rounds=4, margin=0.05)
+    assert drive(policy, {DECOUPLED: 102, SOLO: 100}, 8)[4:] == [SOLO] * 4  # 2% better is not enough
+    # the tail: the batch shrank and the drafter now pays; the next exploration finds it
+    arms = drive(policy, {DECOUPLED: 150, SOLO: 100}, 8)
+    assert arms == [DECOUPLED] * 2 + [SOLO] * 2 + [DECOUPLED] * 4
