@@ -67,9 +67,33 @@ def render_markdown(results: dict[str, Any]) -> str:
         "|" + "---|" * len(COLUMNS),
     ]
     lines += ["| " + " | ".join(system_row(name, entry, reference)) + " |" for name, entry in systems.items()]
+    lines += _time_split(results)
     lines += _notes(systems, greedy=trace["temperature"] == 0)
     lines += [f"- `{name}` not run: {why}" for name, why in (results.get("skipped") or {}).items()]
     return "\n".join(lines) + "\n"
+
+
+def _time_split(results: dict[str, Any]) -> list[str]:
+    """Where an engine system's time went (first repeat): its own counters, no profiler needed."""
+    rows = []
+    for name, entry in results["systems"].items():
+        split = (entry.get("time_split") or [None])[0]
+        if not split:
+            continue
+        total = split["total_s"] or 1.0
+        share = lambda key: f"{split[key]:.1f} ({100 * split[key] / total:.0f}%)"  # noqa: E731
+        worker = split.get("worker_busy_s")
+        rows.append(f"| `{name}` | {total:.1f} | {share('prefill_s')} | {share('draft_s')} | {share('verify_s')} | "
+                    f"{share('host_s')} | {split['rounds']} | {split['mean_k']:.2f} | "
+                    + (f"{worker:.1f} ({100 * worker / total:.0f}%)" if worker is not None else "-") + " |")
+    if not rows:
+        return []
+    return ["", "Where the time went (first repeat, seconds and share of the engine's wall time): prefill; drafting "
+            "on the critical path (decoupled: taking streamed drafts); verify forwards; host work (acceptance, "
+            "sampling, stop rules, bookkeeping); verify rounds; mean drafts per row per round; drafter worker busy "
+            "time (decoupled, concurrent with the verifier: the verifier never waits for it).", "",
+            "| system | engine s | prefill | drafting | verify forward | host | rounds | mean k | worker busy |",
+            "|---|---|---|---|---|---|---|---|---|", *rows]
 
 
 def _notes(systems: dict[str, Any], greedy: bool) -> list[str]:

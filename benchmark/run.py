@@ -158,6 +158,7 @@ def aggregate(runs: dict[str, list[dict[str, Any]]], errors: dict[str, str]) -> 
         for figure in PER_RUN_FIGURES:
             entry[figure] = [r[figure] for r in results]
         entry["identical_to_ar"], entry["mismatches"] = _identity(results, reference)
+        entry["time_split"] = [time_split(r.get("engine_stats")) for r in results]
         entry["finish_reasons"] = _finish_reasons(results[0]) if results else {}
         if results and (results[0].get("engine_stats") or {}).get("vllm_version"):
             entry["vllm_version"] = results[0]["engine_stats"]["vllm_version"]
@@ -165,6 +166,22 @@ def aggregate(runs: dict[str, list[dict[str, Any]]], errors: dict[str, str]) -> 
             entry["error"] = errors[system]
         summary[system] = entry
     return summary
+
+
+def time_split(stats: dict[str, Any] | None) -> dict[str, float] | None:
+    """An engine run's wall time by phase (None for systems without engine stats)."""
+    if not stats or "timeline" not in stats:
+        return None
+    timeline = stats["timeline"]
+    rows = sum(e["rows"] for e in timeline) or 1
+    split = {key: stats[key] for key in ("total_s", "prefill_s", "draft_s", "verify_s")}
+    split["host_s"] = max(stats["total_s"] - stats["prefill_s"] - stats["draft_s"] - stats["verify_s"], 0.0)
+    split["rounds"] = len(timeline)
+    split["mean_k"] = sum(e["k"] * e["rows"] for e in timeline) / rows
+    decoupled = stats.get("decoupled") or {}
+    split["worker_busy_s"] = decoupled.get("worker_busy_s")
+    split["arm_rounds"] = stats.get("arm_rounds") or {}
+    return split
 
 
 def _identity(results: list[dict[str, Any]], reference: dict[str, Any] | None) -> tuple[list[float], list[Any]]:
