@@ -107,13 +107,13 @@ def plot_acceptance(results: dict[str, Any], runs: dict[str, dict[str, Any]], pa
     for name, timeline in _speculative(runs).items():
         groups = _by_progress(timeline)
         accept = [sum(e["emitted"] for e in g) / max(sum(e["rows"] for e in g), 1) if g else None for g in groups]
-        width = [sum(e["k"] for e in g) / len(g) if g else None for g in groups]
+        width = [sum(e.get("cap", e["k"]) for e in g) / len(g) if g else None for g in groups]
         left.plot(xs, accept, marker=".", label=name)
         right.plot(xs, width, marker=".", label=name)
     left.set_xlabel("rollout progress (share of output tokens)")
     left.set_ylabel("tokens per row per verify")
     right.set_xlabel("rollout progress (share of output tokens)")
-    right.set_ylabel("verify length k (drafts per row)")
+    right.set_ylabel("chosen verify length (drafts per row)")
     for ax in (left, right):
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)

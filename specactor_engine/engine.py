@@ -256,6 +256,7 @@ class _Run:
         self.engine = engine
         self.started = started
         self.total_threads = total_threads or torch.get_num_threads()
+        self.round_cap = 0  # the verify length chosen for the current round (drafts may supply fewer)
         self.runner = engine.runner
         self.stats = stats
         self.params = SamplingParams(sampling.temperature, sampling.top_k, sampling.top_p)
@@ -332,6 +333,7 @@ class _Run:
             caps = torch.zeros_like(caps)
         elif policy is not None:
             caps = caps.clamp_max(policy.choose(len(slots)))
+        self.round_cap = int(caps.max()) if len(caps) else 0
         started = time.perf_counter()
         proposal, sources = self._propose(slots, caps) if self.coordinator is None else self._take(slots, caps)
         draft_s = time.perf_counter() - started
@@ -509,6 +511,7 @@ class _Run:
                 by_drafter[name] = by_drafter.get(name, 0) + 1
         self.stats.timeline.append({
             "t": round(time.perf_counter() - self.started, 4), "rows": len(counts), "k": width,
+            "cap": self.round_cap,
             "emitted": int(counts.sum()), "drafted": int(num_drafts.sum()), "accepted": int(num_accepted.sum()),
             "by_drafter": by_drafter,
         })

@@ -98,8 +98,9 @@ class EngineStats:
     verify_s: float = 0.0
     total_s: float = 0.0
     # One entry per verify round, for plots over rollout progress: seconds since `generate`
-    # began, rows verified, draft width k, tokens emitted, tokens drafted and accepted, and
-    # the rows each drafter supplied ({name: rows}).
+    # began, rows verified, draft width k (drafts verified by the longest row), the verify length
+    # chosen (cap), tokens emitted, tokens drafted and accepted, and the rows each drafter
+    # supplied ({name: rows}).
     timeline: list[dict[str, Any]] = field(default_factory=list)
     decoupled: dict[str, float] = field(default_factory=dict)  # decoupled mode: worker figures
     arm_rounds: dict[str, int] = field(default_factory=dict)  # dynamic decoupling: rounds per arm

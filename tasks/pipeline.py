@@ -153,6 +153,27 @@ def run_rollout(run_root: str, step: int) -> dict[str, Any]:
         metrics[f"drafter/{name}/drafted"] = drafted
     for name, version in drafter_versions.items():
         metrics[f"drafter/{name}/version"] = version
+    return metrics | speculation_metrics(stats)
+
+
+def speculation_metrics(stats: Any) -> dict[str, float]:
+    """Per-position acceptance, the chosen verify length, and the decoupled workers' busy share."""
+    metrics: dict[str, float] = {}
+    for j, (drafted, accepted) in enumerate(zip(stats.drafted_per_position, stats.accepted_per_position), start=1):
+        if drafted:
+            metrics[f"rollout/accept_rate_pos{j}"] = accepted / drafted
+    rows = sum(e["rows"] for e in stats.timeline)
+    if rows:
+        offered = sum(e["cap"] * e["rows"] for e in stats.timeline)
+        metrics["rollout/mean_verify_length"] = offered / rows
+        # supply: share of the chosen verify slots that had a draft ready
+        metrics["rollout/draft_supply"] = sum(e["drafted"] for e in stats.timeline) / max(offered, 1)
+    if stats.decoupled and stats.total_s:
+        busy = stats.decoupled.get("worker_busy_s", 0.0)
+        metrics["rollout/worker_busy_share"] = busy / stats.total_s
+        metrics["rollout/worker_idle_s"] = max(stats.total_s - busy, 0.0)
+    for arm, rounds in stats.arm_rounds.items():
+        metrics[f"rollout/rounds_{arm}"] = rounds
     return metrics
 
 

@@ -41,7 +41,8 @@ def write_toy_dataset(path: Path, count: int = 16) -> Path:
 
 def flow_overrides(model_dir: Path, data: Path, run_dir: Path, reward: str, steps: int = 2) -> list[str]:
     return [
-        f"model.target={model_dir}", "model.max_model_len=64", "rollout.mode=coupled",
+        # fixed verify length: the acceptance figures these tests compare need every round to draft
+        f"model.target={model_dir}", "model.max_model_len=64", "rollout.mode=coupled", "rollout.verify_length=fixed",
         "rollout.drafters=[{kind: ngram}, {kind: model, model: " + str(model_dir) + ", name: draft}]",
         "sampling.max_new_tokens=8", "sampling.n=4", "sampling.temperature=1.0",
         f"train.run_dir={run_dir}", f"train.steps={steps}", "train.prompts_per_step=4",
@@ -87,7 +88,8 @@ def test_two_steps_update_sync_and_log(tmp_path, prefect_harness, toy_reward):
         summary = history[-1]
         for key in ("reward/mean", "reward/std", "accuracy", "train/loss", "train/kl", "train/grad_norm", "train/lr",
                     "rollout/makespan_s", "rollout/tail_s", "rollout/tokens_per_s", "rollout/mean_acceptance_length",
-                    "drafter/draft/acceptance_rate", "policy_version"):
+                    "drafter/draft/acceptance_rate", "policy_version", "rollout/mean_verify_length",
+                    "rollout/draft_supply", "rollout/accept_rate_pos1"):
             assert key in summary, key
     finally:
         drop_host(str(run.root))
