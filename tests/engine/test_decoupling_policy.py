@@ -16,16 +16,30 @@ def drive(policy: DecouplingPolicy, rates: dict[str, float], rounds: int) -> lis
 
 
 def test_decoupling_policy_explores_both_then_exploits_the_faster():
-    policy = DecouplingPolicy(explore_rounds=2, exploit_rounds=5)
+    policy = DecouplingPolicy(explore_rounds=2, exploit_rounds=5, warmup_rounds=0)
     arms = drive(policy, {DECOUPLED: 100, SOLO: 60}, 9)
     assert arms == [DECOUPLED] * 2 + [SOLO] * 2 + [DECOUPLED] * 5
-    policy = DecouplingPolicy(explore_rounds=2, exploit_rounds=5)
+    policy = DecouplingPolicy(explore_rounds=2, exploit_rounds=5, warmup_rounds=0)
     assert drive(policy, {DECOUPLED: 60, SOLO: 100}, 9)[4:] == [SOLO] * 5
 
 
 def test_decoupling_needs_the_margin_and_re_explores_when_things_change():
-    policy = DecouplingPolicy(explore_rounds=2, exploit_rounds=4, margin=0.05)
+    policy = DecouplingPolicy(explore_rounds=2, exploit_rounds=4, margin=0.05, warmup_rounds=0)
     assert drive(policy, {DECOUPLED: 102, SOLO: 100}, 8)[4:] == [SOLO] * 4  # 2% better is not enough
     # the tail: the batch shrank and the drafter now pays; the next exploration finds it
     arms = drive(policy, {DECOUPLED: 150, SOLO: 100}, 8)
     assert arms == [DECOUPLED] * 2 + [SOLO] * 2 + [DECOUPLED] * 4
+
+
+def test_warmup_rounds_of_an_arm_are_not_measured():
+    policy = DecouplingPolicy(explore_rounds=4, exploit_rounds=4, warmup_rounds=2)
+    # decoupled is slow for its first 2 rounds (catch-up), then fast
+    seconds = iter([5.0, 5.0, 1.0, 1.0])
+    for _ in range(4):
+        arm = policy.choose()
+        policy.observe(arm, 100, next(seconds))
+    assert policy.rate(DECOUPLED) == 100.0
+    for _ in range(4):
+        arm = policy.choose()
+        policy.observe(arm, 60, 1.0)
+    assert policy.choose() == DECOUPLED
