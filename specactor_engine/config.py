@@ -96,8 +96,24 @@ class NgramDrafterConfig(_DrafterBase):
         return self
 
 
+class SuffixDrafterConfig(_DrafterBase):
+    """Suffix-tree drafter over the prompt, the group's samples in flight and earlier rollouts of the prompt."""
+
+    kind: Literal["suffix"] = "suffix"
+    max_depth: int = Field(24, ge=2, le=256, description="Longest substring the tree indexes (memory: O(depth x tokens)).")
+    min_match: int = Field(2, ge=1, description="Shortest suffix match that may propose a draft.")
+    max_history: int = Field(16, ge=0, description="Earlier rollouts kept per prompt.")
+
+    @model_validator(mode="after")
+    def _check_match(self) -> SuffixDrafterConfig:
+        if self.min_match >= self.max_depth:
+            raise ValueError(f"min_match must be < max_depth (got {self.min_match} >= {self.max_depth})")
+        return self
+
+
 # New draft methods: add a config class with its own `kind` literal to this union.
-DrafterConfig = Annotated[Union[ModelDrafterConfig, NgramDrafterConfig], Field(discriminator="kind")]
+DrafterConfig = Annotated[Union[ModelDrafterConfig, NgramDrafterConfig, SuffixDrafterConfig],
+                          Field(discriminator="kind")]
 
 
 class DecoupledConfig(_Frozen):

@@ -458,6 +458,9 @@ class _Run:
         if self.engine.check_invariants:
             self._assert_invariants(slots)
         finished = [slot for slot in slots.tolist() if self.slot_seq[slot].finish_reason is not None]
+        if finished:
+            for drafter in self.engine.drafters:
+                drafter.finish_rows(self.state, torch.tensor(finished))
         for slot in finished:
             del self.slot_seq[slot]
             self.free.append(slot)

@@ -65,6 +65,9 @@ class Drafter(ABC):
     def observe_commit(self, state: SequenceState, slots: torch.Tensor) -> None:
         """state now holds the committed tokens of `slots` after a verify round."""
 
+    def finish_rows(self, state: SequenceState, slots: torch.Tensor) -> None:
+        """`slots` finished (state still holds their tokens); the slots may be reused next."""
+
     def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         raise NotImplementedError(f"drafter {self.name!r} has no weights")
 

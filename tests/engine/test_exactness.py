@@ -16,6 +16,7 @@ import torch
 from specactor_engine.drafters import DrafterContext
 from specactor_engine.drafters.model import ModelDrafter
 from specactor_engine.drafters.ngram import NgramDrafter
+from specactor_engine.drafters.suffix import SuffixDrafter
 from specactor_engine.engine import Engine
 from specactor_engine.types import Request
 from tests.fixtures.tiny_models import EOS_ID, make_tiny_model, make_tokenizer
@@ -49,6 +50,8 @@ def make_drafter(kind: str, target, dtype: torch.dtype, max_batch_size: int = 16
     if kind == "model":
         draft = make_tiny_model("llama", seed=1, num_layers=1, dtype=dtype)
         return ModelDrafter(SimpleNamespace(name="model"), context, model=draft, tokenizer=tokenizer)
+    if kind == "suffix":
+        return SuffixDrafter(SimpleNamespace(name="suffix", max_depth=12, min_match=1, max_history=4), context)
     if kind == "self":  # draft == target: every draft must be accepted
         return ModelDrafter(SimpleNamespace(name="self"), context, model=target, tokenizer=tokenizer)
     raise ValueError(kind)
@@ -83,7 +86,7 @@ def test_greedy_matches_transformers_generate(family_target):
     params = sampling(0.0)
     reference = {(r.request_id, 0): hf_greedy(family_target, r, params.max_new_tokens) for r in requests}
     assert token_ids(run(family_target, requests, params)) == reference
-    for kind in ("ngram", "model"):
+    for kind in ("ngram", "suffix", "model"):
         for k in range(1, 6):
             drafter = make_drafter(kind, family_target, torch.float32)
             got = token_ids(run(family_target, requests, params, "coupled", [drafter], k=k))
@@ -95,7 +98,7 @@ def fp64_target():
     return make_tiny_model("qwen2", seed=3, dtype=torch.float64)
 
 
-@pytest.mark.parametrize("kind", ["ngram", "model", "self"])
+@pytest.mark.parametrize("kind", ["ngram", "suffix", "model", "self"])
 @pytest.mark.parametrize("k", [1, 3, 5])
 def test_seeded_sampling_is_speculation_invariant(fp64_target, kind, k):
     requests = ragged_requests(8, seed=1)

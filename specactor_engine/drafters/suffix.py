@@ -1,0 +1,192 @@
+"""Suffix drafter: a depth-bounded suffix tree per prompt over its siblings, history and prompt.
+
+For every prompt (a GRPO group) one `SuffixTree` indexes every suffix, up to `max_depth` tokens
+long, of: the prompt; the outputs of earlier rollouts of the same prompt (`SuffixHistory`,
+bounded, persisted in the run directory); and the outputs of the group's samples in flight,
+extended token by token as they commit. Each node counts how often its path occurred. To draft
+for a row, the longest suffix of its output (at most `max_depth - 1` tokens, at least
+`min_match`) that is a path in the tree is found, and the draft follows the most frequent child
+from there. The row's own newest occurrence has no child yet, so it never proposes itself;
+earlier repeats in its own output, siblings that went the same way, and past rollouts do.
+
+Drafts are deterministic (one-hot q under rejection sampling); the engine's acceptance keeps
+outputs exact whatever they propose.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import torch
+
+from specactor_engine.drafters.base import DraftRequest, Drafter, DrafterContext, register_drafter
+from specactor_engine.state import SequenceState
+from specactor_engine.types import DraftProposal
+
+
+@dataclass
+class _Node:
+    count: int = 0
+    children: dict[int, "_Node"] = field(default_factory=dict)
+
+
+class SuffixTree:
+    """Counts of every substring of length <= max_depth over a set of growing token strings."""
+
+    def __init__(self, max_depth: int) -> None:
+        self.max_depth = max_depth
+        self.root = _Node()
+        self.open: dict[int, list[_Node]] = {}  # string id -> nodes of its suffixes still shorter than max_depth
+        self.num_nodes = 0
+
+    def extend(self, string_id: int, tokens: Iterable[int]) -> None:
+        """Append tokens to string `string_id` (a new id starts a new string)."""
+        active = self.open.setdefault(string_id, [])
+        for token in tokens:
+            grown = []
+            for node in [*active, self.root]:  # every open suffix, plus the one starting here
+                child = node.children.get(token)
+                if child is None:
+                    child = node.children[token] = _Node()
+                    self.num_nodes += 1
+                child.count += 1
+                grown.append(child)
+            # a suffix that reached max_depth stops growing (the oldest one is the first)
+            active[:] = grown[-(self.max_depth - 1):] if self.max_depth > 1 else []
+
+    def continuation(self, context: list[int], k: int, min_match: int) -> list[int]:
+        """Up to k tokens following the longest suffix of `context` found in the tree (most frequent path)."""
+        longest = min(len(context), self.max_depth - 1)
+        for length in range(longest, min_match - 1, -1):
+            node = self.root
+            for token in context[len(context) - length :]:
+                node = node.children.get(token)
+                if node is None:
+                    break
+            if node is None or not node.children:
+                continue
+            draft = []
+            while node.children and len(draft) < k:
+                token, node = max(node.children.items(), key=lambda item: (item[1].count, -item[0]))
+                draft.append(token)
+            return draft
+        return []
+
+
+class SuffixHistory:
+    """Earlier rollouts' outputs per prompt (bounded), saved as JSON lines."""
+
+    def __init__(self, max_per_prompt: int = 16) -> None:
+        self.max_per_prompt = max_per_prompt
+        self.outputs: dict[str, deque[list[int]]] = {}
+
+    @staticmethod
+    def key(prompt_ids: Iterable[int]) -> str:
+        return ",".join(map(str, prompt_ids))
+
+    def add(self, prompt_ids: Iterable[int], output_ids: list[int]) -> None:
+        if output_ids:
+            self.outputs.setdefault(self.key(prompt_ids), deque(maxlen=self.max_per_prompt)).append(list(output_ids))
+
+    def get(self, prompt_ids: Iterable[int]) -> list[list[int]]:
+        return list(self.outputs.get(self.key(prompt_ids), ()))
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        with tmp.open("w", encoding="utf-8") as f:
+            for key, outputs in self.outputs.items():
+                f.write(json.dumps({"prompt": key, "outputs": list(outputs)}) + "\n")
+        tmp.replace(path)
+
+    def load(self, path: Path) -> None:
+        for line in path.read_text(encoding="utf-8").splitlines():
+            record = json.loads(line)
+            self.outputs[record["prompt"]] = deque(record["outputs"], maxlen=self.max_per_prompt)
+
+    def __len__(self) -> int:
+        return sum(len(v) for v in self.outputs.values())
+
+
+@register_drafter("suffix")
+class SuffixDrafter(Drafter):
+    """Drafts from the group's suffix tree (prompt, history, siblings in flight)."""
+
+    PROMPT_STRING = -1
+
+    def __init__(self, config: Any, context: DrafterContext | None = None) -> None:
+        self.name = getattr(config, "name", None) or "suffix"
+        self.max_depth = int(getattr(config, "max_depth", 24))
+        self.min_match = int(getattr(config, "min_match", 2))
+        self.history = SuffixHistory(int(getattr(config, "max_history", 16)))
+        self.trees: dict[str, SuffixTree] = {}
+        self.slot_group: dict[int, tuple[str, tuple[int, ...]]] = {}
+        self.fed: dict[int, int] = {}  # slot -> output tokens already in its group's tree
+        self.next_string = 0
+
+    def allocate(self, num_slots: int, max_len: int) -> None:
+        """A new generate call: trees are rebuilt from prompts and history as groups appear."""
+        self.trees.clear()
+        self.slot_group.clear()
+        self.fed.clear()
+
+    def add_rows(self, state: SequenceState, slots: torch.Tensor) -> None:
+        for slot in slots.tolist():
+            prompt = tuple(state.tokens[slot, : int(state.prompt_lengths[slot])].tolist())
+            key = SuffixHistory.key(prompt)
+            if key not in self.trees:
+                tree = self.trees[key] = SuffixTree(self.max_depth)
+                tree.extend(self._string(), prompt)
+                for past in self.history.get(prompt):
+                    tree.extend(self._string(), past)
+            self.slot_group[slot] = (key, prompt)
+            self.fed[slot] = 0
+            self.trees[key].open[self._slot_string(slot)] = []
+
+    def _string(self) -> int:
+        self.next_string += 1
+        return -self.next_string  # history/prompt strings: negative ids, never a slot's
+
+    def _slot_string(self, slot: int) -> int:
+        return slot
+
+    def observe_commit(self, state: SequenceState, slots: torch.Tensor) -> None:
+        for slot in slots.tolist():
+            if slot not in self.slot_group:
+                continue
+            start = int(state.prompt_lengths[slot]) + self.fed[slot]
+            end = int(state.lengths[slot])
+            if end > start:
+                self.trees[self.slot_group[slot][0]].extend(self._slot_string(slot), state.tokens[slot, start:end].tolist())
+                self.fed[slot] += end - start
+
+    def finish_rows(self, state: SequenceState, slots: torch.Tensor) -> None:
+        """Finished rows: their outputs join the history (their tree string stays for siblings)."""
+        for slot in slots.tolist():
+            group = self.slot_group.pop(slot, None)
+            if group is None:
+                continue
+            start, end = len(group[1]), int(state.lengths[slot])
+            self.history.add(group[1], state.tokens[slot, start:end].tolist())
+            self.fed.pop(slot, None)
+            # its counts stay in the tree for the siblings; the slot id may be reused by another row
+            self.trees[group[0]].open.pop(self._slot_string(slot), None)
+
+    def propose(self, state: SequenceState, request: DraftRequest) -> DraftProposal:
+        k = int(request.max_draft_tokens.max()) if len(request.slots) else 0
+        token_ids = torch.zeros(len(request.slots), k, dtype=torch.long)
+        num_tokens = torch.zeros(len(request.slots), dtype=torch.long)
+        for row, (slot, cap) in enumerate(zip(request.slots.tolist(), request.max_draft_tokens.tolist())):
+            if cap <= 0 or slot not in self.slot_group:
+                continue
+            start = int(state.prompt_lengths[slot])
+            end = int(state.lengths[slot])
+            context = state.tokens[slot, max(start, end - self.max_depth) : end].tolist()
+            found = self.trees[self.slot_group[slot][0]].continuation(context, cap, self.min_match)
+            token_ids[row, : len(found)] = torch.tensor(found, dtype=torch.long)
+            num_tokens[row] = len(found)
+        return DraftProposal(token_ids=token_ids, num_tokens=num_tokens)

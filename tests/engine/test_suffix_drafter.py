@@ -1,0 +1,69 @@
+"""The suffix drafter: its tree, siblings and history, persistence; exactness lives in test_exactness."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+from specactor_engine.drafters.suffix import SuffixDrafter, SuffixHistory, SuffixTree
+from specactor_engine.engine import Engine
+from specactor_engine.types import Request
+from tests.engine.test_exactness import MAX_LEN, sampling, token_ids
+from tests.fixtures.tiny_models import make_tiny_model, make_tokenizer
+
+
+def test_tree_continues_the_longest_match_by_frequency():
+    tree = SuffixTree(max_depth=6)
+    tree.extend(1, [1, 2, 3, 4, 5])
+    tree.extend(2, [9, 2, 3, 7, 8])
+    tree.extend(3, [0, 2, 3, 7, 6])
+    # "2 3" was followed by 7 twice and by 4 once: the most frequent wins
+    assert tree.continuation([5, 2, 3], k=2, min_match=1) == [7, 6]  # 7->8 and 7->6 tie: smaller id
+    # a longer match is preferred: "1 2 3" occurred once, followed by 4 5
+    assert tree.continuation([1, 2, 3], k=3, min_match=1) == [4, 5]
+    assert tree.continuation([4, 4], k=3, min_match=2) == []  # no match of length >= 2
+    assert tree.continuation([42], k=3, min_match=1) == []
+
+
+def test_tree_depth_is_bounded():
+    tree = SuffixTree(max_depth=3)
+    tree.extend(1, list(range(100)))
+    # each position starts at most 3 nodes deep: at most 3 * 100 nodes
+    assert tree.num_nodes <= 3 * 100
+    node, depth = tree.root, 0
+    while node.children:
+        node = next(iter(node.children.values()))
+        depth += 1
+    assert depth <= 3
+
+
+def test_history_is_bounded_and_round_trips(tmp_path):
+    history = SuffixHistory(max_per_prompt=2)
+    for i in range(3):
+        history.add([1, 2], [i, i + 1])
+    history.add([3], [7])
+    assert history.get([1, 2]) == [[1, 2], [2, 3]] and len(history) == 3
+    history.save(tmp_path / "suffix_history.jsonl")
+    loaded = SuffixHistory(max_per_prompt=2)
+    loaded.load(tmp_path / "suffix_history.jsonl")
+    assert loaded.get([1, 2]) == [[1, 2], [2, 3]] and loaded.get([3]) == [[7]]
+
+
+def test_siblings_and_history_drive_the_drafts():
+    """Samples of one prompt share a tree: a second run of the same prompt (history) is drafted
+    almost entirely from the first, and outputs stay identical to plain decoding."""
+    target = make_tiny_model("qwen2", seed=3, dtype=torch.float64)
+    drafter = SuffixDrafter(SimpleNamespace(name="suffix", max_depth=16, min_match=1, max_history=8))
+    engine = Engine(target, make_tokenizer(), mode="coupled", num_draft_tokens=4, max_model_len=MAX_LEN,
+                    drafters=[drafter], check_invariants=True)
+    plain = Engine(target, make_tokenizer(), mode="ar", max_model_len=MAX_LEN)
+    requests = [Request("p", prompt_token_ids=[5, 6, 7, 8, 9])]
+    params = sampling(0.0, n=3, max_new_tokens=30)  # greedy: the 3 samples are the same text
+    first = engine.generate(requests, params)
+    assert token_ids(first) == token_ids(plain.generate(requests, params))
+    assert len(drafter.history) == 3  # every finished sample joined the history
+    again = engine.generate(requests, params)
+    assert token_ids(again) == token_ids(first)
+    assert again.stats.acceptance_rate > first.stats.acceptance_rate
+    assert again.stats.mean_acceptance_length > 2.0  # the history knows the whole answer
