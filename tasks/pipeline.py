@@ -300,6 +300,7 @@ def save_drafters(host: RunHost, checkpoint: Path) -> None:
     from safetensors.torch import save_file
 
     for drafter in host.engine.drafters:
+        drafter.save_state(checkpoint / "drafters")  # e.g. the suffix drafter's rollout history
         if hasattr(drafter, "runner"):
             path = _drafter_file(checkpoint, drafter.name)
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -315,6 +316,7 @@ def load_drafters(host: RunHost, checkpoint: Path, version: int) -> None:
         path = _drafter_file(checkpoint, drafter.name)
         if path.exists():
             host.engine.update_weights(load_file(path).items(), version=version, component=drafter.name)
+        drafter.load_state(checkpoint / "drafters")
         drafter.version = version
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import torch
@@ -67,6 +68,12 @@ class Drafter(ABC):
 
     def finish_rows(self, state: SequenceState, slots: torch.Tensor) -> None:
         """`slots` finished (state still holds their tokens); the slots may be reused next."""
+
+    def save_state(self, directory: Path) -> None:
+        """Write non-weight state a resumed run needs (e.g. rollout history) into `directory`."""
+
+    def load_state(self, directory: Path) -> None:
+        """Read what `save_state` wrote (a missing file means nothing to restore)."""
 
     def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         raise NotImplementedError(f"drafter {self.name!r} has no weights")

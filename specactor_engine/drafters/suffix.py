@@ -190,3 +190,15 @@ class SuffixDrafter(Drafter):
             token_ids[row, : len(found)] = torch.tensor(found, dtype=torch.long)
             num_tokens[row] = len(found)
         return DraftProposal(token_ids=token_ids, num_tokens=num_tokens)
+
+    def _history_file(self, directory: Path) -> Path:
+        return directory / f"{self.name.replace('/', '_').replace(':', '_')}.history.jsonl"
+
+    def save_state(self, directory: Path) -> None:
+        self.history.save(self._history_file(directory))
+
+    def load_state(self, directory: Path) -> None:
+        path = self._history_file(directory)
+        if path.exists():
+            self.history = SuffixHistory(self.history.max_per_prompt)
+            self.history.load(path)

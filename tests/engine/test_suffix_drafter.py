@@ -67,3 +67,13 @@ def test_siblings_and_history_drive_the_drafts():
     assert token_ids(again) == token_ids(first)
     assert again.stats.acceptance_rate > first.stats.acceptance_rate
     assert again.stats.mean_acceptance_length > 2.0  # the history knows the whole answer
+
+
+def test_history_survives_save_and_load_state(tmp_path):
+    drafter = SuffixDrafter(SimpleNamespace(name="suffix", max_depth=8, min_match=1, max_history=4))
+    drafter.history.add([1, 2, 3], [4, 5, 6])
+    drafter.save_state(tmp_path / "drafters")
+    restored = SuffixDrafter(SimpleNamespace(name="suffix", max_depth=8, min_match=1, max_history=4))
+    restored.load_state(tmp_path / "drafters")
+    assert restored.history.get([1, 2, 3]) == [[4, 5, 6]]
+    SuffixDrafter(SimpleNamespace(name="other")).load_state(tmp_path / "drafters")  # nothing saved: no error
