@@ -150,6 +150,10 @@ class RolloutConfig(_Frozen):
     drafters: list[DrafterConfig] = Field(
         default_factory=lambda: [NgramDrafterConfig()], description="Draft methods used by speculative modes."
     )
+    selection: Literal["cascade", "fastest_of_n"] = Field(
+        "cascade", description="How coupled mode uses several drafters: 'cascade' (in order, each for the rows still "
+        "without drafts) or 'fastest_of_n' (per request, the drafter with the most expected tokens per second, "
+        "from live acceptance and cost).")
     decoupled: DecoupledConfig = Field(default_factory=DecoupledConfig, description="Settings of mode 'decoupled'.")
 
     @field_validator("drafters")

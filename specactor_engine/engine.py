@@ -38,6 +38,7 @@ from specactor_engine.sampling import (
     uniform_noise,
     warped_probs,
 )
+from specactor_engine.selector import FastestOfNSelector
 from specactor_engine.state import SequenceState
 from specactor_engine.stopping import StopRules, find_stop_string, truncate_emitted
 from specactor_engine.tokenize import encode_request, eos_token_ids
@@ -71,7 +72,7 @@ class Engine:
                  chat_template: bool = True, drafters: Sequence[Drafter] = (), check_invariants: bool = False,
                  verify_length: str = "fixed", cost_table: CostTable | None = None,
                  coordinator: DecoupledCoordinator | None = None, verifier_threads: int | None = None,
-                 dynamic_decoupling: bool = False) -> None:
+                 dynamic_decoupling: bool = False, selection: str = "cascade") -> None:
         self.tokenizer = tokenizer
         self.mode = mode
         self.num_draft_tokens = num_draft_tokens if mode != "ar" else 0
@@ -89,6 +90,9 @@ class Engine:
                              "acceptance")
         self.verifier_threads = verifier_threads
         self.dynamic_decoupling = dynamic_decoupling
+        if selection not in ("cascade", "fastest_of_n"):
+            raise ValueError(f"selection must be 'cascade' or 'fastest_of_n', got {selection!r}")
+        self.selection = selection
         self.check_invariants = check_invariants
         if verify_length not in ("fixed", "dynamic"):
             raise ValueError(f"verify_length must be 'fixed' or 'dynamic', got {verify_length!r}")
@@ -129,7 +133,8 @@ class Engine:
                    max_model_len=config.model.max_model_len, chat_template=config.model.chat_template,
                    drafters=drafters, verify_length=config.rollout.verify_length, coordinator=coordinator,
                    verifier_threads=verifier_threads,
-                   dynamic_decoupling=mode == "decoupled" and config.rollout.decoupled.dynamic)
+                   dynamic_decoupling=mode == "decoupled" and config.rollout.decoupled.dynamic,
+                   selection=config.rollout.selection)
 
     def close(self) -> None:
         """Stop the decoupled drafter workers, if any (idempotent)."""
@@ -257,6 +262,10 @@ class _Run:
         self.started = started
         self.total_threads = total_threads or torch.get_num_threads()
         self.round_cap = 0  # the verify length chosen for the current round (drafts may supply fewer)
+        # Fastest-of-N: a per-request choice among the drafters instead of the cascade
+        names = [d.name for d in engine.drafters]
+        self.selector = FastestOfNSelector(names) if engine.selection == "fastest_of_n" and len(names) > 1 else None
+        self.chosen: list[str] | None = None
         self.runner = engine.runner
         self.stats = stats
         self.params = SamplingParams(sampling.temperature, sampling.top_k, sampling.top_p)
@@ -346,6 +355,11 @@ class _Run:
         self.stats.verify_rounds += 1
         self.stats.row_rounds += len(slots)
         num_accepted = self._emit(slots, logits, proposal.token_ids, proposal.num_tokens, proposal.probs, sources)
+        if self.selector is not None and self.chosen is not None:
+            drafted = caps > 0
+            keys = self.state.seq_keys[slots][drafted].tolist()
+            methods = [m for m, d in zip(self.chosen, drafted.tolist()) if d]
+            self.selector.observe(keys, methods, num_accepted[drafted].tolist())
         if policy is not None:
             k = int(caps.max()) if len(caps) else 0
             policy.observe_round(k, caps.numpy(), num_accepted.numpy(), draft_s, time.perf_counter() - round_started,
@@ -374,20 +388,29 @@ class _Run:
         return torch.minimum(torch.minimum(out_left, ctx_left), torch.tensor(k)).clamp_min(0)
 
     def _propose(self, slots: torch.Tensor, caps: torch.Tensor) -> tuple[DraftProposal, list[str | None]]:
-        """Cascade: each drafter in order drafts for the rows still without drafts."""
+        """Cascade: each drafter in order drafts for the rows still without drafts. Fastest-of-N:
+        the selector gives each row one drafter (self.chosen), which alone drafts for it."""
         k = int(caps.max()) if len(caps) else 0
         merged = DraftProposal(torch.zeros(len(slots), k, dtype=torch.long), torch.zeros(len(slots), dtype=torch.long))
         sources: list[str | None] = [None] * len(slots)
+        self.chosen = None
         if k == 0 or not self.engine.drafters:
             return merged, sources
         need = caps > 0
+        if self.selector is not None:
+            verify_s = self.stats.verify_s / max(self.stats.row_rounds, 1)  # a row's share of a verify round
+            self.chosen = self.selector.choose(self.state.seq_keys[slots].tolist(), verify_s)
         probs_parts: list[tuple[torch.Tensor, torch.Tensor]] = []
         for drafter in self.engine.drafters:
-            rows = need.nonzero().flatten()
+            mine = need if self.chosen is None else need & torch.tensor([c == drafter.name for c in self.chosen])
+            rows = mine.nonzero().flatten()
             if len(rows) == 0:
-                break
+                continue
             request = DraftRequest(slots[rows], caps[rows], self.params, coupled_noise=not self.rejection)
+            started = time.perf_counter()
             proposal = drafter.propose(self.state, request)
+            if self.selector is not None:
+                self.selector.observe_cost(drafter.name, time.perf_counter() - started, len(rows))
             got = proposal.num_tokens > 0
             taken = rows[got]
             width = proposal.token_ids.shape[1]

@@ -141,6 +141,23 @@ def test_cascade_of_drafters_is_exact(fp64_target):
     assert set(result.stats.drafted_per_drafter) <= {"ngram", "model"}
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_fastest_of_n_selection_is_exact(fp64_target, temperature):
+    """Per-request choice among n-gram, suffix, a weak model and the target itself: same outputs."""
+    requests = ragged_requests(8, seed=6)
+    params = sampling(temperature, n=3, seed=8, max_new_tokens=30)
+    plain = token_ids(run(fp64_target, requests, params))
+    drafters = [make_drafter(kind, fp64_target, torch.float64) for kind in ("ngram", "suffix", "model", "self")]
+    engine = Engine(fp64_target, make_tokenizer(), mode="coupled", num_draft_tokens=3, max_batch_size=16,
+                    max_model_len=MAX_LEN, drafters=drafters, check_invariants=True, selection="fastest_of_n")
+    result = engine.generate(requests, params)
+    assert token_ids(result) == plain
+    used = {name for name, drafted in result.stats.drafted_per_drafter.items() if drafted}
+    assert len(used) >= 2  # rows really went to different drafters
+    stats = result.stats
+    assert stats.accepted_per_drafter.get("self", 0) == stats.drafted_per_drafter.get("self", 0)
+
+
 @pytest.mark.parametrize("k", [1, 2, 4])
 def test_draft_equal_to_target_accepts_everything(fp64_target, k):
     rounds = 5
