@@ -240,6 +240,101 @@ def deploy(
     post_training.serve(name=name, parameters=parameters)
 
 
+drafter_app = typer.Typer(help="Train draft models.", no_args_is_help=True)
+app.add_typer(drafter_app, name="drafter")
+
+
+@drafter_app.command("distill")
+def drafter_distill(
+    target: Annotated[str, typer.Option("--target", help="Target model: a registered name or a local HF dir.")],
+    data: Annotated[Path, typer.Option("--data", help="Rollout records (prompt_token_ids + token_ids, e.g. a run's "
+                                       "steps/*/rollouts.jsonl) or a prompt file to roll out with the target.")],
+    out: Annotated[Path, typer.Option("--out", help="Output HF model dir; a run finding one resumes it.")],
+    init: Annotated[str | None, typer.Option("--init", help="Drafter to start from (name or HF dir).")] = None,
+    init_layers: Annotated[int | None, typer.Option(
+        "--init-layers", min=1, help="Start from the target's first N layers + its norm and head.")] = None,
+    dtype: Annotated[Dtype, typer.Option("--dtype", help="Training dtype.")] = "float32",
+    steps: Annotated[int, typer.Option("--steps", min=1, help="Optimizer steps in total (resumed runs count on).")] = 200,
+    batch_size: Annotated[int, typer.Option("--batch-size", min=1)] = 8,
+    lr: Annotated[float, typer.Option("--lr", min=0.0)] = 3e-4,
+    save_every: Annotated[int, typer.Option("--save-every", min=1, help="Save (and allow resuming) every N steps.")] = 50,
+    max_minutes: Annotated[float | None, typer.Option("--max-minutes", min=0.0, help="Stop after this long.")] = None,
+    samples: Annotated[int, typer.Option("--samples", min=1, help="Samples per prompt when --data holds prompts.")] = 4,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1, help="When rolling out prompts.")] = 256,
+    seed: Annotated[int, typer.Option("--seed", min=0)] = 0,
+    cache_dir: CacheDirOption = None,
+) -> None:
+    """Distil a draft model from a target on its own samples (progress bar, resumable, HF output)."""
+    from transformers import AutoTokenizer
+
+    from specactor_engine.drafter_training import STATE_FILE, DistillDataError, DistillSettings, distill, truncated_copy
+    from specactor_engine.drafters.model import check_same_tokenizer
+    from specactor_engine.model_runner import load_hf_model
+    from specactor_engine.models import resolve_model
+
+    if (init is None) == (init_layers is None) and not (out / STATE_FILE).exists():
+        _fail("give exactly one of --init and --init-layers (or --out of a run to resume)")
+    with user_errors(DistillDataError, ValueError):
+        target_path = resolve_model(target, dtype=dtype, cache_dir=cache_dir)
+        tokenizer = AutoTokenizer.from_pretrained(target_path)
+        target_model = load_hf_model(target_path, dtype)
+        if (out / STATE_FILE).exists():
+            console.print(f"resuming the drafter in {out}", highlight=False)
+            model = load_hf_model(out, dtype)
+        elif init is not None:
+            init_path = resolve_model(init, dtype=dtype, cache_dir=cache_dir)
+            check_same_tokenizer(tokenizer, AutoTokenizer.from_pretrained(init_path), init)
+            model = load_hf_model(init_path, dtype)
+        else:
+            model = truncated_copy(target_model, int(init_layers or 0))
+        pairs = _distill_pairs(data, out, target_model, tokenizer, samples, max_new_tokens, seed)
+        settings = DistillSettings(steps=steps, batch_size=batch_size, lr=lr, save_every=save_every, seed=seed,
+                                   max_seconds=max_minutes * 60 if max_minutes is not None else None)
+        with _progress() as progress:
+            task = progress.add_task("distilling", total=steps, loss=float("nan"))
+            result = distill(model, tokenizer, pairs, out, settings,
+                             on_step=lambda step, loss: progress.update(task, completed=step, loss=loss))
+    first, last = result["loss_first"], result["loss_last"]
+    console.print(f"drafter saved to {out} after {result['steps']} steps "
+                  f"({result['trained_steps']} now, {result['seconds']:.0f} s"
+                  + (f", loss {first:.3f} -> {last:.3f}" if first is not None else "") + ")", highlight=False)
+
+
+def _distill_pairs(data: Path, out: Path, target_model: object, tokenizer: object, samples: int,
+                   max_new_tokens: int, seed: int) -> list[tuple[list[int], list[int]]]:
+    """Training pairs from rollout records, or from rolling out a prompt file (kept in out/ for resumes)."""
+    import json
+
+    from specactor_engine.config import SamplingConfig
+    from specactor_engine.drafter_training import read_rollout_records
+    from specactor_engine.engine import Engine
+
+    if not data.exists():
+        _fail(f"--data {data}: no such file")
+    cached = out / "target_samples.jsonl"
+    pairs = read_rollout_records(cached if cached.exists() else data)
+    if pairs is not None:
+        return pairs
+    with user_errors(PromptFileError):
+        requests = read_requests(data)
+    engine = Engine(target_model, tokenizer, mode="ar", max_batch_size=64)
+    sampling = SamplingConfig(temperature=1.0, n=samples, max_new_tokens=max_new_tokens, seed=seed)
+    with _progress() as progress:
+        task = progress.add_task("target samples", total=len(requests) * samples, loss=float("nan"))
+        result = engine.generate(requests, sampling, progress=lambda done, total: progress.update(task, completed=done))
+    out.mkdir(parents=True, exist_ok=True)
+    records = [{"prompt_token_ids": o.prompt_token_ids, "token_ids": o.token_ids} for o in result.outputs if not o.error]
+    cached.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return [(r["prompt_token_ids"], r["token_ids"]) for r in records]
+
+
+def _progress():  # noqa: ANN202 - a rich Progress context
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TextColumn("loss {task.fields[loss]:.3f}"), TimeElapsedColumn(), console=console)
+
+
 def _add_bench_command() -> None:
     """`specactor bench ...` is the benchmark harness's own Typer app (benchmark/cli.py)."""
     try:

@@ -43,6 +43,46 @@ def _batch(sequences: Sequence[tuple[list[int], list[int]]], device: torch.devic
     return ids.to(device), attention.to(device), loss_mask.to(device)
 
 
+class Distiller:
+    """Next-token cross-entropy steps of a draft model on target samples; its state can be saved.
+
+    Used by `distill_on_rollouts` (the pipeline's bounded per-step refresh) and by
+    `specactor drafter distill` (a longer, resumable run), so both train the same way.
+    """
+
+    def __init__(self, model: nn.Module, lr: float, seed: int = 0) -> None:
+        self.model = model
+        self.rng = random.Random(seed)
+        self.device = next(model.parameters()).device
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+        self.steps = 0
+
+    def step(self, usable: Sequence[tuple[list[int], list[int]]], batch_size: int) -> float:
+        """One optimizer step on a random batch of (prompt_ids, output_ids); returns the loss."""
+        self.model.train().requires_grad_(True)
+        ids, attention, loss_mask = _batch(self.rng.sample(list(usable), min(batch_size, len(usable))), self.device)
+        logits = self.model(input_ids=ids, attention_mask=attention).logits[:, :-1].float()
+        targets, mask = ids[:, 1:], loss_mask[:, 1:]
+        loss = nn.functional.cross_entropy(logits[mask], targets[mask])
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        self.steps += 1
+        return loss.item()
+
+    def finish(self) -> None:
+        """Back to how drafters run the model: eval mode, no gradients."""
+        self.model.eval().requires_grad_(False)
+
+    def state_dict(self) -> dict:
+        return {"optimizer": self.optimizer.state_dict(), "steps": self.steps, "rng": self.rng.getstate()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.steps = state["steps"]
+        self.rng.setstate(state["rng"])
+
+
 def distill_on_rollouts(model: nn.Module, sequences: Sequence[tuple[list[int], list[int]]],
                         budget: DistillBudget = DistillBudget()) -> dict[str, float]:
     """Train `model` in place on (prompt_ids, output_ids) pairs; returns loss before/after and steps.
@@ -52,25 +92,15 @@ def distill_on_rollouts(model: nn.Module, sequences: Sequence[tuple[list[int], l
     usable = [(p, o) for p, o in sequences if o]
     if not usable:
         return {"distill_steps": 0.0}
-    device = next(model.parameters()).device
-    rng = random.Random(budget.seed)
-    model.train().requires_grad_(True)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=budget.lr)
+    distiller = Distiller(model, budget.lr, budget.seed)
     started, losses = time.perf_counter(), []
     try:
         for _ in range(budget.max_steps):
             if time.perf_counter() - started > budget.max_seconds:
                 break
-            ids, attention, loss_mask = _batch(rng.sample(usable, min(budget.batch_size, len(usable))), device)
-            logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1].float()
-            targets, mask = ids[:, 1:], loss_mask[:, 1:]
-            loss = nn.functional.cross_entropy(logits[mask], targets[mask])
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            losses.append(loss.item())
+            losses.append(distiller.step(usable, budget.batch_size))
     finally:
-        model.eval().requires_grad_(False)
+        distiller.finish()
     if not losses:
         return {"distill_steps": 0.0}
     logger.info("distilled drafter for %d steps: loss %.3f -> %.3f", len(losses), losses[0], losses[-1])

@@ -1,0 +1,84 @@
+"""`specactor drafter distill` on a tiny model: prompts or rollout records in, a resumable HF drafter out."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from specactor_engine.cli import app
+from specactor_engine.drafter_training import STATE_FILE, truncated_copy
+from specactor_engine.model_runner import load_hf_model
+from tests.fixtures.tiny_models import make_tiny_model, save_tiny_model
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def target_dir(tmp_path_factory) -> Path:
+    return save_tiny_model(tmp_path_factory.mktemp("distill") / "target", "llama", seed=4, num_layers=3)
+
+
+def distill_args(target: Path, data: Path, out: Path, *extra: str) -> list[str]:
+    return ["drafter", "distill", "--target", str(target), "--data", str(data), "--out", str(out),
+            "--samples", "2", "--max-new-tokens", "8", "--batch-size", "4", "--save-every", "2", *extra]
+
+
+def test_from_prompts_with_init_layers_then_resume(target_dir: Path, tmp_path: Path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"count {i}"}) + "\n" for i in range(3)))
+    out = tmp_path / "drafter"
+    first = runner.invoke(app, distill_args(target_dir, prompts, out, "--init-layers", "1", "--steps", "3"))
+    assert first.exit_code == 0, first.output
+    assert (out / "model.safetensors").is_file() and (out / STATE_FILE).is_file()
+    assert len((out / "target_samples.jsonl").read_text().splitlines()) == 6  # 3 prompts x 2 samples
+    assert torch.load(out / STATE_FILE, weights_only=False)["steps"] == 3
+    drafter = load_hf_model(out, "float32")
+    assert drafter.config.num_hidden_layers == 1
+    # a second run with a larger budget resumes at step 3 (no --init needed)
+    second = runner.invoke(app, distill_args(target_dir, prompts, out, "--steps", "5"))
+    assert second.exit_code == 0, second.output
+    text = " ".join(second.output.split())  # rich wraps lines
+    assert "resuming" in text and "after 5 steps (2 now" in text
+    assert torch.load(out / STATE_FILE, weights_only=False)["steps"] == 5
+
+
+def test_from_rollout_records_with_an_init_model(target_dir: Path, tmp_path: Path):
+    init = save_tiny_model(tmp_path / "init", "llama", seed=9, num_layers=1)
+    records = tmp_path / "rollouts.jsonl"
+    records.write_text("".join(json.dumps({"prompt_token_ids": [5, 6, 7], "token_ids": [8, 9, 10, 11]}) + "\n"
+                               for _ in range(4)))
+    out = tmp_path / "drafter"
+    result = runner.invoke(app, distill_args(target_dir, records, out, "--init", str(init), "--steps", "4"))
+    assert result.exit_code == 0, result.output
+    before = load_hf_model(init, "float32").state_dict()
+    after = load_hf_model(out, "float32").state_dict()
+    assert any(not torch.equal(before[name], after[name]) for name in before)  # it trained
+    assert not (out / "target_samples.jsonl").exists()  # records were used as they are
+
+
+@pytest.mark.parametrize(("lines", "extra", "expected"), [
+    (['{"prompt_token_ids": [1], "token_ids": [2]}', '{"prompt": "x"}'], ["--init-layers", "1"],
+     "rollouts.jsonl:2: a prompt line among rollout records"),
+    (['{"token_ids": [2]}'], ["--init-layers", "1"], "rollouts.jsonl:1: a rollout record needs 'prompt_token_ids'"),
+    (['not json'], ["--init-layers", "1"], "rollouts.jsonl:1: not JSON"),
+    (['{"prompt_token_ids": [1], "token_ids": [2]}'], [], "give exactly one of --init and --init-layers"),
+    (['{"prompt_token_ids": [1], "token_ids": [2]}'], ["--init-layers", "3"], "--init-layers must be between 1 and 2"),
+])
+def test_bad_input_fails_with_a_clear_message(target_dir: Path, tmp_path: Path, lines, extra, expected):
+    data = tmp_path / "rollouts.jsonl"
+    data.write_text("\n".join(lines) + "\n")
+    result = runner.invoke(app, distill_args(target_dir, data, tmp_path / "out", *extra))
+    assert result.exit_code == 2, result.output
+    assert expected in " ".join(result.output.split())
+
+
+def test_truncated_copy_keeps_the_targets_first_layers():
+    target = make_tiny_model("qwen2", seed=1, num_layers=3)
+    draft = truncated_copy(target, 2)
+    assert len(draft.model.layers) == 2 and draft.config.num_hidden_layers == 2
+    assert target.config.num_hidden_layers == 3  # the target is untouched
+    assert torch.equal(draft.model.layers[1].mlp.up_proj.weight, target.model.layers[1].mlp.up_proj.weight)
