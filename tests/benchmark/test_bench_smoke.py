@@ -145,3 +145,13 @@ def test_traces_match_the_protocol():
     requests = build_requests(subset)
     assert len({r.request_id for r in requests}) == 4
     assert "\\boxed{}" in requests[0].messages[0]["content"]
+
+
+def test_summary_table_covers_every_system(bench_results):
+    from benchmark.summary import render
+
+    out, _ = bench_results
+    table = render([out])
+    for name in ("hf", "ar", "coupled", "oracle"):
+        assert f"| `{name}` |" in table
+    assert "| `vllm` | 0 |" in table and "not run" in table
