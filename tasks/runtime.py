@@ -40,4 +40,7 @@ def set_host(run_root: str | Path, host: RunHost) -> RunHost:
 
 
 def drop_host(run_root: str | Path) -> None:
-    _HOSTS.pop(_key(run_root), None)
+    """Forget a run's objects; the engine's decoupled drafter workers (if any) are stopped."""
+    host = _HOSTS.pop(_key(run_root), None)
+    if host is not None and hasattr(host.engine, "close"):
+        host.engine.close()
