@@ -11,20 +11,12 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from specactor_engine.cost_profile import cpu_model
+
 logger = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("torch", "transformers", "tokenizers", "numpy", "reasoning_gym", "specactor")
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def cpu_flags() -> list[str]:

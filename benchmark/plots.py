@@ -78,9 +78,7 @@ def plot_throughput(results: dict[str, Any], runs: dict[str, dict[str, Any]], pa
     left.set_ylabel("sequences finished")
     right.set_xlabel("wall time (s)")
     right.set_ylabel("output tokens/s (engine systems)")
-    for ax in (left, right):
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8)
+    _legends(left, right)
     fig.suptitle(_title(results, "progress over wall time (first repeat)"))
     _save(fig, path)
 
@@ -114,9 +112,7 @@ def plot_acceptance(results: dict[str, Any], runs: dict[str, dict[str, Any]], pa
     left.set_ylabel("tokens per row per verify")
     right.set_xlabel("rollout progress (share of output tokens)")
     right.set_ylabel("chosen verify length (drafts per row)")
-    for ax in (left, right):
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8)
+    _legends(left, right)
     fig.suptitle(_title(results, "acceptance and verify length over progress (first repeat)"))
     _save(fig, path)
 
@@ -156,6 +152,12 @@ def write_plots(out: Path, results: dict[str, Any]) -> list[Path]:
     plot_acceptance(results, runs, paths[2])
     plot_drafter_mix(results, runs, paths[3])
     return paths
+
+
+def _legends(*axes: Any) -> None:
+    for ax in axes:
+        if ax.get_legend_handles_labels()[0]:  # an empty legend only warns
+            ax.legend(fontsize=8)
 
 
 def _title(results: dict[str, Any], what: str) -> str:

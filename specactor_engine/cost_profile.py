@@ -35,7 +35,8 @@ def profile_batches(max_rows: int) -> tuple[int, ...]:
     return tuple(sorted({b for b in BATCH_GRID if b < max_rows} | {max(max_rows, 1)}))
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The CPU's model name (part of the profile key; also reported by the benchmark)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -49,7 +50,7 @@ def profile_key(runner: ModelRunner, batches: tuple[int, ...], widths: tuple[int
     """A digest of everything the verify cost depends on besides the weights' values."""
     facts = {
         "architecture": runner.model.config.to_dict(), "dtype": str(runner.dtype), "device": str(runner.device),
-        "threads": torch.get_num_threads(), "cpu": _cpu_model(), "torch": torch.__version__,
+        "threads": torch.get_num_threads(), "cpu": cpu_model(), "torch": torch.__version__,
         "batches": batches, "widths": widths, "context": context,
     }
     return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:16]
