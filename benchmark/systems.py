@@ -483,7 +483,7 @@ class VLLMSystem(System):
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True, bufsize=1)
         settings = {"model": str(path), "dtype": spec.dtype, "max_model_len": self.PROMPT_ROOM
                     + spec.trace.max_new_tokens, "seed": spec.trace.seed, "threads": spec.threads,
-                    "speculative_config": self._speculative_config(spec)}
+                    "speculative_config": self._speculative_config(spec), "max_num_seqs": spec.max_batch_size}
         loaded = self._ask(settings)
         self.version = loaded["version"]
 

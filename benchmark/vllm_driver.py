@@ -7,7 +7,7 @@ project nor its dependencies (vLLM's pins conflict with Prefect's). It talks JSO
 
 stdin, first line: the engine settings
     {"model": DIR, "dtype": "bfloat16", "max_model_len": N, "seed": S, "threads": T,
-     "speculative_config": {...} | null}
+     "speculative_config": {...} | null, "max_num_seqs": N | null}
 stdout: {"event": "loaded", "load_s": ..., "version": "0.32.0"}
 stdin, then any number of: {"cmd": "generate", "requests": [{"id", "sample", "prompt_token_ids"}],
                             "sampling": {"temperature", "top_p", "top_k", "max_tokens", "stop_token_ids"}}
@@ -43,6 +43,8 @@ def load_engine(settings: dict[str, Any]) -> Any:
     kwargs: dict[str, Any] = dict(model=settings["model"], tokenizer=settings["model"], dtype=settings["dtype"],
                                   max_model_len=settings["max_model_len"], seed=settings["seed"],
                                   enforce_eager=True, disable_log_stats=False)
+    if settings.get("max_num_seqs"):  # the benchmark's --max-batch (vLLM's own default otherwise)
+        kwargs["max_num_seqs"] = settings["max_num_seqs"]
     if settings.get("speculative_config"):
         kwargs["speculative_config"] = settings["speculative_config"]
     return LLM(**kwargs)
