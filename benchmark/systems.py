@@ -302,8 +302,21 @@ class CoupledDynamicEngine(CoupledEngine):
     verify_length = "dynamic"
 
     def prepare(self, requests: Sequence[Request], sampling: SamplingConfig) -> None:
-        rows = len(requests) * sampling.n
-        self.engine._ensure_length_policy(min(rows, self.engine.max_batch_size))
+        self.engine.prepare_length_policy(requests, sampling)
+
+
+def _start_drafter_worker(spec: RunSpec, vocab_size: int) -> Any:
+    """One drafter worker process (1 thread) on the trace's draft model; returns its coordinator once ready."""
+    from specactor_engine.decoupled.coordinator import DecoupledCoordinator
+    from specactor_engine.decoupled.transport import LocalWorker, WorkerSpec
+
+    assert spec.drafter is not None
+    worker = WorkerSpec(str(_resolve(spec.drafter, spec.dtype)), spec.dtype, 1, vocab_size)
+    coordinator = DecoupledCoordinator(lambda index: LocalWorker(worker), 1)
+    if not coordinator.wait_ready(600):
+        coordinator.close()
+        raise RuntimeError("the drafter worker did not start")
+    return coordinator
 
 
 @register_system("decoupled")
@@ -317,35 +330,59 @@ class DecoupledEngine(EngineSystem):
 
     def __init__(self, spec: RunSpec) -> None:
         from specactor_engine.engine import Engine
-        from specactor_engine.decoupled.coordinator import DecoupledCoordinator
-        from specactor_engine.decoupled.transport import LocalWorker, WorkerSpec
 
         if spec.drafter is None:
             raise RuntimeError("decoupled needs a draft model (this trace has none)")
         model, tokenizer = load_target(spec)
-        worker = WorkerSpec(str(_resolve(spec.drafter, spec.dtype)), spec.dtype, 1, model.config.vocab_size)
-        self.coordinator = DecoupledCoordinator(lambda index: LocalWorker(worker), 1)
-        if not self.coordinator.wait_ready(600):
-            raise RuntimeError("the drafter worker did not start")
-        self.engine = Engine(model, tokenizer, mode="decoupled", num_draft_tokens=spec.num_draft_tokens,
+        self.coordinator = _start_drafter_worker(spec, model.config.vocab_size)
+        self.engine = Engine(model, tokenizer, mode=self.mode, num_draft_tokens=spec.num_draft_tokens,
                              max_batch_size=spec.max_batch_size or ALL_AT_ONCE, verify_length="dynamic",
                              coordinator=self.coordinator, verifier_threads=max(spec.threads - 1, 1),
-                             dynamic_decoupling=True)
+                             dynamic_decoupling=True, drafters=self._drafters(spec, model, tokenizer))
 
     def prepare(self, requests: Sequence[Request], sampling: SamplingConfig) -> None:
         # the cost profile belongs to start-up, at the verifier's thread count
         previous = torch.get_num_threads()
         torch.set_num_threads(self.engine.verifier_threads or previous)
         try:
-            self.engine._ensure_length_policy(min(len(requests) * sampling.n, self.engine.max_batch_size))
+            self.engine.prepare_length_policy(requests, sampling)
         finally:
             torch.set_num_threads(previous)
 
     def external_cpu_s(self) -> float:
-        return sum(w.transport.cpu_s() for w in self.coordinator.workers)
+        return sum(w.transport.cpu_s() for w in self.coordinator.workers) if self.coordinator is not None else 0.0
 
     def close(self) -> None:
-        self.coordinator.close()
+        if self.coordinator is not None:
+            self.coordinator.close()
+
+
+@register_system("specactor")
+class SpecActorEngine(DecoupledEngine):
+    """Mode specactor: per request, Fastest-of-N over the suffix and n-gram drafters (in process)
+    and, when the trace has a draft model, a drafter worker streaming its drafts (1 thread, as in
+    `decoupled`); dynamic verify length and dynamic decoupling."""
+
+    mode = "specactor"
+
+    def __init__(self, spec: RunSpec) -> None:
+        from specactor_engine.engine import Engine
+
+        model, tokenizer = load_target(spec)
+        self.coordinator = _start_drafter_worker(spec, model.config.vocab_size) if spec.drafter else None
+        decoupled = self.coordinator is not None
+        self.engine = Engine(model, tokenizer, mode=self.mode, num_draft_tokens=spec.num_draft_tokens,
+                             max_batch_size=spec.max_batch_size or ALL_AT_ONCE, verify_length="dynamic",
+                             coordinator=self.coordinator, verifier_threads=max(spec.threads - 1, 1) if decoupled
+                             else None, dynamic_decoupling=decoupled, drafters=self._drafters(spec, model, tokenizer))
+
+    def _drafters(self, spec: RunSpec, model: torch.nn.Module, tokenizer: Any) -> list[Drafter]:
+        from specactor_engine.config import NgramDrafterConfig, SuffixDrafterConfig
+        from specactor_engine.drafters import DrafterContext, build_drafter
+
+        context = DrafterContext(device="cpu", dtype=spec.dtype, target_tokenizer=tokenizer,
+                                 target_vocab_size=model.config.vocab_size)
+        return [build_drafter(SuffixDrafterConfig(), context), build_drafter(NgramDrafterConfig(), context)]
 
 
 class OracleDrafter(Drafter):

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_core import ErrorDetails
 
 Dtype = Literal["float32", "bfloat16", "float16", "float64"]
-RolloutMode = Literal["ar", "coupled", "decoupled"]  # extend here: "specactor"
+RolloutMode = Literal["ar", "coupled", "decoupled", "specactor"]
 AcceptanceRule = Literal["position_keyed", "rejection"]
 
 DEFAULT_CONFIG_RESOURCE = "default_config.yaml"
@@ -127,6 +127,12 @@ class DecoupledConfig(_Frozen):
         None, ge=1, description="torch threads of the verifier while decoding (None: `threads` minus the workers' "
         "threads, at least 1).")
     max_restarts: int = Field(3, ge=0, description="Restarts of a crashed worker before its rows decode plainly.")
+    transport: Literal["local", "ray"] = Field(
+        "local", description="'local': worker processes on this machine (pipes); 'ray': Ray actors, on any node of "
+        "the Ray cluster at `ray_address` (the drafter's model path must exist on those nodes).")
+    ray_address: str | None = Field(
+        None, description="With transport 'ray': the cluster to join (e.g. 'auto' or 'ray://head:10001'); None starts "
+        "a local Ray instance.")
     dynamic: bool = Field(True, description="Measure, per phase of a rollout, whether running the workers beats "
                           "plain decoding on every thread, and pause them when it does not.")
 
@@ -135,7 +141,9 @@ class RolloutConfig(_Frozen):
     """How the engine decodes: mode, speculation length, acceptance rule and drafters."""
 
     mode: RolloutMode = Field("coupled", description="'ar': no speculation; 'coupled': draft then verify; "
-                              "'decoupled': drafter worker processes stream drafts, the verifier never waits.")
+                              "'decoupled': drafter worker processes stream drafts, the verifier never waits; "
+                              "'specactor': Fastest-of-N per request over rollout.drafters (in process) and, when "
+                              "rollout.decoupled.drafter is set, the workers' streamed drafts; dynamic verify length.")
     num_draft_tokens: int = Field(4, ge=1, le=16, description="Draft tokens per row per verify round (k; "
                                   "with verify_length 'dynamic', the most it may choose).")
     verify_length: Literal["fixed", "dynamic"] = Field(
@@ -169,6 +177,12 @@ class RolloutConfig(_Frozen):
     def _coupled_needs_drafter(self) -> RolloutConfig:
         if self.mode == "coupled" and not self.drafters:
             raise ValueError(f"mode '{self.mode}' needs at least one drafter in rollout.drafters")
+        if self.mode == "specactor":
+            if not self.drafters and self.decoupled.drafter is None:
+                raise ValueError("mode 'specactor' needs rollout.drafters or rollout.decoupled.drafter (or both)")
+            if self.decoupled.drafter is not None and self.acceptance == "rejection":
+                raise ValueError("mode 'specactor' with drafter workers streams drafts without their probabilities: "
+                                 "set rollout.acceptance to 'position_keyed'")
         if self.mode == "decoupled":
             if self.decoupled.drafter is None:
                 raise ValueError("mode 'decoupled' needs rollout.decoupled.drafter (a draft model name or dir)")

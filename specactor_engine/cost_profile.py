@@ -2,10 +2,11 @@
 
 One verify round = a target forward of `rows` x `width` tokens after `context` committed
 tokens, plus seeded sampling at every position. Its cost is measured here once for a grid of
-batch sizes and widths (1..max_k+1) and stored as a `CostTable` under
-`<cache dir>/cost_profiles/<key>.json`; the key covers what the cost depends on (architecture,
-dtype, thread count, CPU model, torch version, the grid), not the weights' values, so a policy
-update reuses it.
+batch sizes and widths (1..max_k+1) at two committed contexts (a short one and the rollout's
+longest, rounded up to a bucket; cost is linear in context in between) and stored as a
+`CostProfile` under `<cache dir>/cost_profiles/<key>.json`; the key covers what the cost depends
+on (architecture, dtype, thread count, CPU model, torch version, the grid), not the weights'
+values, so a policy update reuses it.
 """
 
 from __future__ import annotations
@@ -21,11 +22,13 @@ import torch
 
 from specactor_engine.model_runner import ModelRunner
 from specactor_engine.sampling import SamplingParams, sample_tokens
-from specactor_engine.verify_length import CostTable
+from specactor_engine.verify_length import CostProfile, CostTable
 
 logger = logging.getLogger(__name__)
 
 PROFILE_CONTEXT = 256  # committed tokens per row while profiling (a mid-rollout length)
+SHORT_CONTEXT = 128  # the profile's shorter context
+CONTEXT_BUCKET = 256  # the longer context is the rollout's longest, rounded up to a multiple of this
 BATCH_GRID = (1, 4, 16, 64, 256)
 REPEATS = 2  # timed runs per cell after one warm-up; the minimum is kept (least disturbed)
 
@@ -33,6 +36,12 @@ REPEATS = 2  # timed runs per cell after one warm-up; the minimum is kept (least
 def profile_batches(max_rows: int) -> tuple[int, ...]:
     """The grid's batch sizes up to `max_rows`, and `max_rows` itself."""
     return tuple(sorted({b for b in BATCH_GRID if b < max_rows} | {max(max_rows, 1)}))
+
+
+def profile_contexts(max_context: int) -> tuple[int, ...]:
+    """The committed contexts to measure for rollouts whose rows reach `max_context` tokens."""
+    longest = max(-(-max_context // CONTEXT_BUCKET) * CONTEXT_BUCKET, CONTEXT_BUCKET)
+    return (SHORT_CONTEXT, longest)
 
 
 def cpu_model() -> str:
@@ -46,7 +55,8 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def profile_key(runner: ModelRunner, batches: tuple[int, ...], widths: tuple[int, ...], context: int) -> str:
+def profile_key(runner: ModelRunner, batches: tuple[int, ...], widths: tuple[int, ...],
+                context: int | tuple[int, ...]) -> str:
     """A digest of everything the verify cost depends on besides the weights' values."""
     facts = {
         "architecture": runner.model.config.to_dict(), "dtype": str(runner.dtype), "device": str(runner.device),
@@ -80,24 +90,25 @@ def measure_verify_costs(runner: ModelRunner, batches: tuple[int, ...], widths: 
             row_costs.append(min(timings[1:]))
         seconds.append(tuple(row_costs))
     runner.set_lengths(torch.arange(max(batches)), torch.zeros(max(batches), dtype=torch.long))
-    return CostTable(batches, widths, tuple(seconds))
+    return CostTable(batches, widths, tuple(seconds), context)
 
 
 def load_or_measure(runner: ModelRunner, max_rows: int, max_k: int, cache_dir: Path | None = None,
-                    context: int = PROFILE_CONTEXT) -> CostTable:
-    """The cached cost table for this model and machine, measuring (and caching) it if absent."""
+                    max_context: int = PROFILE_CONTEXT) -> CostProfile:
+    """The cached cost profile for this model and machine, measuring (and caching) it if absent."""
     from specactor_engine.models import default_cache_dir
 
-    batches, widths = profile_batches(max_rows), tuple(range(1, max_k + 2))
-    path = (cache_dir or default_cache_dir()) / "cost_profiles" / f"{profile_key(runner, batches, widths, context)}.json"
+    batches, widths, contexts = profile_batches(max_rows), tuple(range(1, max_k + 2)), profile_contexts(max_context)
+    key = profile_key(runner, batches, widths, contexts)
+    path = (cache_dir or default_cache_dir()) / "cost_profiles" / f"{key}.json"
     if path.exists():
         try:
-            return CostTable.load(path)
-        except (ValueError, KeyError, json.JSONDecodeError) as exc:
+            return CostProfile.load(path)
+        except (ValueError, KeyError, TypeError, json.JSONDecodeError) as exc:
             logger.warning("ignoring unreadable cost profile %s (%s); measuring again", path, exc)
     started = time.perf_counter()
-    table = measure_verify_costs(runner, batches, widths, context)
-    table.save(path)
-    logger.info("profiled verify cost for batches %s x widths %s in %.1f s -> %s", batches, widths,
-                time.perf_counter() - started, path)
-    return table
+    profile = CostProfile(tuple(measure_verify_costs(runner, batches, widths, c) for c in contexts))
+    profile.save(path)
+    logger.info("profiled verify cost for batches %s x widths %s x contexts %s in %.1f s -> %s", batches, widths,
+                contexts, time.perf_counter() - started, path)
+    return profile

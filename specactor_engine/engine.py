@@ -25,6 +25,8 @@ from specactor_engine.cost_profile import load_or_measure
 from specactor_engine.decoupled.coordinator import DecoupledCoordinator
 from specactor_engine.decoupled.phase import DECOUPLED, SOLO, DecouplingPolicy
 from specactor_engine.decoupled.protocol import SamplingSpec
+from specactor_engine.decoupled.sync import WorkerDrafterSync
+from specactor_engine.decoupled.transport import WorkerSpec
 from specactor_engine.drafters import DraftRequest, Drafter, DrafterContext, build_drafter
 from specactor_engine.model_runner import ModelRunner, load_hf_model
 from specactor_engine.sampling import (
@@ -43,7 +45,7 @@ from specactor_engine.state import SequenceState
 from specactor_engine.stopping import StopRules, find_stop_string, truncate_emitted
 from specactor_engine.tokenize import encode_request, eos_token_ids
 from specactor_engine.types import DraftProposal, EngineStats, Request, RolloutResult, SequenceOutput
-from specactor_engine.verify_length import AcceptanceStats, CostTable, VerifyLengthPolicy
+from specactor_engine.verify_length import AcceptanceStats, CostProfile, CostTable, VerifyLengthPolicy
 from specactor_engine.weights import load_named_weights
 
 logger = logging.getLogger(__name__)
@@ -64,13 +66,16 @@ class _Sequence:
     error: str | None = None
 
 
+MODES = ("ar", "coupled", "decoupled", "specactor")
+
+
 class Engine:
     """Target model + drafters + the decode loop."""
 
     def __init__(self, target: torch.nn.Module, tokenizer: Any, *, mode: str = "ar", num_draft_tokens: int = 4,
                  acceptance_rule: str = "position_keyed", max_batch_size: int = 256, max_model_len: int = 2048,
                  chat_template: bool = True, drafters: Sequence[Drafter] = (), check_invariants: bool = False,
-                 verify_length: str = "fixed", cost_table: CostTable | None = None,
+                 verify_length: str = "fixed", cost_table: CostTable | CostProfile | None = None,
                  coordinator: DecoupledCoordinator | None = None, verifier_threads: int | None = None,
                  dynamic_decoupling: bool = False, selection: str = "cascade") -> None:
         self.tokenizer = tokenizer
@@ -80,15 +85,24 @@ class Engine:
         self.max_batch_size = max_batch_size
         self.max_model_len = max_model_len
         self.chat_template = chat_template
-        self.drafters = list(drafters) if mode == "coupled" else []
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+        # specactor: in-process drafters and/or drafter workers, one method per request (Fastest-of-N)
+        self.drafters = list(drafters) if mode in ("coupled", "specactor") else []
         # decoupled: drafter workers in other processes stream drafts; this process only verifies
-        self.coordinator = coordinator if mode == "decoupled" else None
+        self.coordinator = coordinator if mode in ("decoupled", "specactor") else None
         if mode == "decoupled" and coordinator is None:
             raise ValueError("mode 'decoupled' needs a DecoupledCoordinator (its drafter workers)")
-        if mode == "decoupled" and acceptance_rule == "rejection":
-            raise ValueError("mode 'decoupled' streams drafts without their probabilities: use position_keyed "
+        if mode == "specactor" and coordinator is None and not self.drafters:
+            raise ValueError("mode 'specactor' needs drafters, a DecoupledCoordinator, or both")
+        if self.coordinator is not None and acceptance_rule == "rejection":
+            raise ValueError(f"mode {mode!r} streams worker drafts without their probabilities: use position_keyed "
                              "acceptance")
+        if mode == "specactor":
+            selection = "fastest_of_n"
         self.verifier_threads = verifier_threads
+        # decoupled from a config: the verifier's copy of the workers' draft model (pipeline drafter sync)
+        self.worker_drafter: WorkerDrafterSync | None = None
         self.dynamic_decoupling = dynamic_decoupling
         if selection not in ("cascade", "fastest_of_n"):
             raise ValueError(f"selection must be 'cascade' or 'fastest_of_n', got {selection!r}")
@@ -124,17 +138,21 @@ class Engine:
             target_vocab_size=target.config.vocab_size, cache_dir=config.model.cache_dir,
         )
         mode = config.rollout.mode
-        drafters = [build_drafter(d, context) for d in config.rollout.drafters] if mode == "coupled" else []
-        coordinator, verifier_threads = None, None
-        if mode == "decoupled":
-            coordinator, verifier_threads = start_workers(config, tokenizer, target.config.vocab_size)
-        return cls(target, tokenizer, mode=mode, num_draft_tokens=config.rollout.num_draft_tokens,
+        in_process = mode == "coupled" or mode == "specactor"
+        drafters = [build_drafter(d, context) for d in config.rollout.drafters] if in_process else []
+        coordinator, verifier_threads, worker_spec = None, None, None
+        if mode == "decoupled" or (mode == "specactor" and config.rollout.decoupled.drafter is not None):
+            coordinator, verifier_threads, worker_spec = start_workers(config, tokenizer, target.config.vocab_size)
+        engine = cls(target, tokenizer, mode=mode, num_draft_tokens=config.rollout.num_draft_tokens,
                    acceptance_rule=config.rollout.acceptance, max_batch_size=config.rollout.max_batch_size,
                    max_model_len=config.model.max_model_len, chat_template=config.model.chat_template,
                    drafters=drafters, verify_length=config.rollout.verify_length, coordinator=coordinator,
                    verifier_threads=verifier_threads,
-                   dynamic_decoupling=mode == "decoupled" and config.rollout.decoupled.dynamic,
+                   dynamic_decoupling=coordinator is not None and config.rollout.decoupled.dynamic,
                    selection=config.rollout.selection)
+        if coordinator is not None and worker_spec is not None:
+            engine.worker_drafter = WorkerDrafterSync(coordinator, worker_spec.model_path, worker_spec.dtype)
+        return engine
 
     def close(self) -> None:
         """Stop the decoupled drafter workers, if any (idempotent)."""
@@ -177,7 +195,7 @@ class Engine:
             torch.set_num_threads(self.verifier_threads)
         try:
             if self.verify_length == "dynamic" and runnable:
-                self._ensure_length_policy(min(len(runnable), self.max_batch_size))
+                self._ensure_length_policy(min(len(runnable), self.max_batch_size), self._longest(runnable, sampling))
             run = _Run(self, sampling, stats, self._reserve(runnable, sampling), started, total_threads=threads)
             run.decode(runnable, progress)
         finally:
@@ -189,11 +207,25 @@ class Engine:
         stats.output_tokens = sum(len(s.output_ids) for s in sequences)
         return RolloutResult([self._to_output(s) for s in sequences], stats)
 
-    def _ensure_length_policy(self, max_rows: int) -> None:
-        """Build the verify-length policy; re-profile if this call's batch outgrows the table."""
+    def prepare_length_policy(self, requests: Sequence[Request], sampling: Any) -> None:
+        """Measure (or read) the verify-cost profile a `generate` of these requests will need, so the
+        measurement happens now rather than inside that call (benchmarks keep it out of makespans)."""
+        if self.verify_length != "dynamic":
+            return
+        runnable = [s for s in self._prepare(requests, sampling) if s.error is None]
+        if runnable:
+            self._ensure_length_policy(min(len(runnable), self.max_batch_size), self._longest(runnable, sampling))
+
+    def _longest(self, sequences: list[_Sequence], sampling: Any) -> int:
+        """The longest context (prompt + output) any of these sequences can reach."""
+        return min(self.max_model_len, max(len(s.prompt_ids) for s in sequences) + sampling.max_new_tokens)
+
+    def _ensure_length_policy(self, max_rows: int, max_context: int) -> None:
+        """Build the verify-length policy; re-profile if this call's batch or context outgrows the profile."""
         table = self.cost_table
-        if table is None or table.batch_sizes[-1] < max_rows:
-            table = self.cost_table = load_or_measure(self.runner, max_rows, self.num_draft_tokens)
+        if table is None or table.batch_sizes[-1] < max_rows or (table.max_context and table.max_context < max_context):
+            table = self.cost_table = load_or_measure(self.runner, max_rows, self.num_draft_tokens,
+                                                      max_context=max_context)
         if self.length_policy is None:
             self.length_policy = VerifyLengthPolicy(table, AcceptanceStats(max_k=self.num_draft_tokens))
         else:
@@ -229,15 +261,15 @@ class Engine:
                               seq.logprobs, seq.finish_reason or "length", self.policy_version, seq.error)
 
 
-def start_workers(config: Any, tokenizer: Any, vocab_size: int) -> tuple[DecoupledCoordinator, int]:
-    """Spawn the drafter workers of a decoupled config: (coordinator, verifier threads).
+def start_workers(config: Any, tokenizer: Any, vocab_size: int) -> tuple[DecoupledCoordinator, int, WorkerSpec]:
+    """Start the drafter workers of a decoupled config: (coordinator, verifier threads, worker spec).
 
     The workers load their model in the background; rounds run without drafts until they are
     ready (the verifier never waits).
     """
     from transformers import AutoTokenizer
 
-    from specactor_engine.decoupled.transport import LocalWorker, WorkerSpec
+    from specactor_engine.decoupled.transport import LocalWorker, Transport
     from specactor_engine.drafters.model import check_same_tokenizer
     from specactor_engine.models import resolve_model
 
@@ -248,9 +280,14 @@ def start_workers(config: Any, tokenizer: Any, vocab_size: int) -> tuple[Decoupl
     spec = WorkerSpec(str(path), dtype, settings.worker_threads, vocab_size)
     total = config.threads or torch.get_num_threads()
     verifier_threads = settings.verifier_threads or max(total - settings.workers * settings.worker_threads, 1)
-    coordinator = DecoupledCoordinator(lambda index: LocalWorker(spec), settings.workers,
-                                       max_restarts=settings.max_restarts)
-    return coordinator, verifier_threads
+    make_transport: Callable[[int], Transport] = lambda index: LocalWorker(spec)  # noqa: E731
+    if settings.transport == "ray":
+        from specactor_engine.decoupled.ray_transport import RayWorker, ensure_ray
+
+        ensure_ray(settings.ray_address, num_cpus=total)
+        make_transport = lambda index: RayWorker(spec)  # noqa: E731
+    coordinator = DecoupledCoordinator(make_transport, settings.workers, max_restarts=settings.max_restarts)
+    return coordinator, verifier_threads, spec
 
 
 class _Run:
@@ -262,10 +299,14 @@ class _Run:
         self.started = started
         self.total_threads = total_threads or torch.get_num_threads()
         self.round_cap = 0  # the verify length chosen for the current round (drafts may supply fewer)
-        # Fastest-of-N: a per-request choice among the drafters instead of the cascade
+        # Fastest-of-N: a per-request choice among the drafters (and, in specactor mode, the drafter
+        # workers' streamed drafts) instead of the cascade
         names = [d.name for d in engine.drafters]
+        if engine.coordinator is not None and engine.drafters:
+            names = [WorkerDrafterSync.name, *names]
         self.selector = FastestOfNSelector(names) if engine.selection == "fastest_of_n" and len(names) > 1 else None
         self.chosen: list[str] | None = None
+        self.fallback: torch.Tensor | None = None  # [R] rows drafted by the workers after their method gave none
         self.runner = engine.runner
         self.stats = stats
         self.params = SamplingParams(sampling.temperature, sampling.top_k, sampling.top_p)
@@ -337,14 +378,22 @@ class _Run:
         slots = torch.tensor(sorted(self.slot_seq))
         caps = self._draft_caps(slots)
         arm = self._choose_arm()
-        policy = self.engine.length_policy if self.engine.verify_length == "dynamic" and arm != SOLO else None
-        if arm == SOLO:
+        # a paused-workers (solo) phase still drafts in process when there are in-process drafters
+        drafting = arm != SOLO or bool(self.engine.drafters)
+        policy = self.engine.length_policy if self.engine.verify_length == "dynamic" and drafting else None
+        context = int(self.runner.lengths[slots].max())  # attention reads every row this far
+        if not drafting:
             caps = torch.zeros_like(caps)
         elif policy is not None:
-            caps = caps.clamp_max(policy.choose(len(slots)))
+            caps = caps.clamp_max(policy.choose(len(slots), context))
         self.round_cap = int(caps.max()) if len(caps) else 0
         started = time.perf_counter()
-        proposal, sources = self._propose(slots, caps) if self.coordinator is None else self._take(slots, caps)
+        if self.coordinator is None:
+            proposal, sources = self._propose(slots, caps)
+        elif not self.engine.drafters:
+            proposal, sources = self._take(slots, caps)
+        else:
+            proposal, sources = self._propose_mixed(slots, caps, workers_on=arm != SOLO)
         draft_s = time.perf_counter() - started
         self.stats.draft_s += draft_s
         started = time.perf_counter()
@@ -359,11 +408,13 @@ class _Run:
             drafted = caps > 0
             keys = self.state.seq_keys[slots][drafted].tolist()
             methods = [m for m, d in zip(self.chosen, drafted.tolist()) if d]
-            self.selector.observe(keys, methods, num_accepted[drafted].tolist())
+            # a row whose method drafted nothing (the workers filled in) counts as nothing accepted for it
+            credited = num_accepted if self.fallback is None else torch.where(self.fallback, 0, num_accepted)
+            self.selector.observe(keys, methods, credited[drafted].tolist())
         if policy is not None:
             k = int(caps.max()) if len(caps) else 0
             policy.observe_round(k, caps.numpy(), num_accepted.numpy(), draft_s, time.perf_counter() - round_started,
-                                 len(slots))
+                                 len(slots), context)
         if self.phase is not None:
             self.phase.observe(arm, self.stats.timeline[-1]["emitted"], time.perf_counter() - round_started)
 
@@ -390,16 +441,28 @@ class _Run:
     def _propose(self, slots: torch.Tensor, caps: torch.Tensor) -> tuple[DraftProposal, list[str | None]]:
         """Cascade: each drafter in order drafts for the rows still without drafts. Fastest-of-N:
         the selector gives each row one drafter (self.chosen), which alone drafts for it."""
-        k = int(caps.max()) if len(caps) else 0
-        merged = DraftProposal(torch.zeros(len(slots), k, dtype=torch.long), torch.zeros(len(slots), dtype=torch.long))
-        sources: list[str | None] = [None] * len(slots)
-        self.chosen = None
-        if k == 0 or not self.engine.drafters:
-            return merged, sources
-        need = caps > 0
+        self.chosen, self.fallback = None, None
+        if not len(caps) or int(caps.max()) == 0 or not self.engine.drafters:
+            return self._no_drafts(slots, caps)
         if self.selector is not None:
-            verify_s = self.stats.verify_s / max(self.stats.row_rounds, 1)  # a row's share of a verify round
-            self.chosen = self.selector.choose(self.state.seq_keys[slots].tolist(), verify_s)
+            self.chosen = self.selector.choose(self.state.seq_keys[slots].tolist(), self._row_verify_s())
+        return self._draft_rows(slots, caps, caps > 0)
+
+    def _no_drafts(self, slots: torch.Tensor, caps: torch.Tensor) -> tuple[DraftProposal, list[str | None]]:
+        k = int(caps.max()) if len(caps) else 0
+        empty = DraftProposal(torch.zeros(len(slots), k, dtype=torch.long), torch.zeros(len(slots), dtype=torch.long))
+        return empty, [None] * len(slots)
+
+    def _row_verify_s(self) -> float:
+        """A row's share of a verify round so far (what every draft method pays per round)."""
+        return self.stats.verify_s / max(self.stats.row_rounds, 1)
+
+    def _draft_rows(self, slots: torch.Tensor, caps: torch.Tensor,
+                    need: torch.Tensor) -> tuple[DraftProposal, list[str | None]]:
+        """In-process drafters for the rows in `need` [R] bool: each row's chosen drafter (self.chosen),
+        or without a choice the cascade."""
+        merged, sources = self._no_drafts(slots, caps)
+        need = need.clone()
         probs_parts: list[tuple[torch.Tensor, torch.Tensor]] = []
         for drafter in self.engine.drafters:
             mine = need if self.chosen is None else need & torch.tensor([c == drafter.name for c in self.chosen])
@@ -425,12 +488,49 @@ class _Run:
             merged.probs = self._merge_probs(merged, probs_parts)
         return merged, sources
 
+    def _propose_mixed(self, slots: torch.Tensor, caps: torch.Tensor,
+                       workers_on: bool) -> tuple[DraftProposal, list[str | None]]:
+        """specactor: the selector gives each row one method, the workers' streamed drafts or an
+        in-process drafter; a row whose in-process drafter supplies nothing takes the workers'
+        drafts if any have arrived. With the workers paused (workers_on False) only in-process
+        drafters are chosen. Never waits for the workers."""
+        assert self.coordinator is not None
+        self.chosen, self.fallback = None, None
+        self.coordinator.poll()
+        started = time.perf_counter()
+        stream_tokens, stream_num = (torch.from_numpy(a) for a in self.coordinator.take(slots.numpy(), caps.numpy()))
+        take_s = time.perf_counter() - started
+        if not len(caps) or int(caps.max()) == 0:
+            return self._no_drafts(slots, caps)
+        workers = WorkerDrafterSync.name
+        methods = [d.name for d in self.engine.drafters]
+        if workers_on:
+            methods = [workers, *methods]
+        if self.selector is not None:
+            self.chosen = self.selector.choose(self.state.seq_keys[slots].tolist(), self._row_verify_s(), methods)
+            if workers_on:
+                self.selector.observe_cost(workers, take_s, len(slots))
+        else:
+            self.chosen = [methods[0]] * len(slots)
+        by_workers = torch.tensor([c == workers for c in self.chosen])
+        merged, sources = self._draft_rows(slots, caps, (caps > 0) & ~by_workers)
+        fill = (caps > 0) & (merged.num_tokens == 0) & (stream_num > 0) if workers_on else torch.zeros_like(caps > 0)
+        self.fallback = fill & ~by_workers
+        rows = fill.nonzero().flatten()
+        width = stream_tokens.shape[1]
+        merged.token_ids[rows, :width] = stream_tokens[rows]
+        merged.num_tokens[rows] = stream_num[rows]
+        for row in rows.tolist():
+            sources[row] = workers
+        return merged, sources
+
     def _take(self, slots: torch.Tensor, caps: torch.Tensor) -> tuple[DraftProposal, list[str | None]]:
         """Decoupled: whatever drafts have streamed in for these rows, up to their caps; never waits."""
         assert self.coordinator is not None
+        self.chosen, self.fallback = None, None
         self.coordinator.poll()
         tokens, num = self.coordinator.take(slots.numpy(), caps.numpy())
-        sources: list[str | None] = ["decoupled" if n else None for n in num.tolist()]
+        sources: list[str | None] = [WorkerDrafterSync.name if n else None for n in num.tolist()]
         return DraftProposal(torch.from_numpy(tokens), torch.from_numpy(num)), sources
 
     def _merge_probs(self, merged: DraftProposal, parts: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
@@ -476,8 +576,7 @@ class _Run:
         if not prefill:
             self._record_round(drafts.shape[1], num_drafts, num_accepted, counts, sources)
         if self.coordinator is not None:
-            self.coordinator.after_round(slots.numpy(), num_drafts.numpy(), num_accepted.numpy(), output.numpy(),
-                                         counts.numpy())
+            self.coordinator.after_round(slots.numpy(), output.numpy(), counts.numpy())
         if self.engine.check_invariants:
             self._assert_invariants(slots)
         finished = [slot for slot in slots.tolist() if self.slot_seq[slot].finish_reason is not None]
@@ -539,7 +638,7 @@ class _Run:
             "t": round(time.perf_counter() - self.started, 4), "rows": len(counts), "k": width,
             "cap": self.round_cap,
             "emitted": int(counts.sum()), "drafted": int(num_drafts.sum()), "accepted": int(num_accepted.sum()),
-            "by_drafter": by_drafter,
+            "by_drafter": by_drafter, **({"arm": self.arm} if self.phase is not None else {}),
         })
 
     def _assert_invariants(self, slots: torch.Tensor) -> None:

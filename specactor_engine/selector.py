@@ -46,10 +46,13 @@ class FastestOfNSelector:
         bonus = self.explore / math.sqrt(1 + arm.tries)
         return (1 + arm.accepted + bonus) / max(verify_s + self.cost.get(method, 0.0), 1e-9)
 
-    def choose(self, requests: Sequence[Hashable], verify_s: float) -> list[str]:
-        """A method per row (requests: one key per row; verify_s: a row's share of a verify round)."""
-        return [max(self.methods, key=lambda m: (self.score(r, m, verify_s), -self.methods.index(m)))
-                for r in requests]
+    def choose(self, requests: Sequence[Hashable], verify_s: float,
+               methods: Sequence[str] | None = None) -> list[str]:
+        """A method per row (requests: one key per row; verify_s: a row's share of a verify round;
+        methods: the ones available this round, default all)."""
+        available = list(methods) if methods is not None else list(self.methods)
+        order = list(self.methods)
+        return [max(available, key=lambda m: (self.score(r, m, verify_s), -order.index(m))) for r in requests]
 
     def observe(self, requests: Sequence[Hashable], methods: Sequence[str], accepted: Sequence[int]) -> None:
         """Rows' outcomes: the method each row used and how many of its drafts were accepted."""

@@ -3,7 +3,9 @@
 A pure policy over statistics (no torch, no engine), so it can be unit-tested on its own:
 
 - `CostTable`: measured seconds of one verify round (target forward + sampling) by rows in the
-  batch and tokens per row (k + 1), interpolated between the measured batch sizes.
+  batch and tokens per row (k + 1), interpolated between the measured batch sizes, at one
+  committed context length. `CostProfile`: tables at several context lengths, interpolated
+  linearly in context (attention reads every row up to the batch's longest context).
 - `AcceptanceStats`: exponential moving averages, per draft position j, of the chance that a
   row verified with at least j drafts accepts its first j drafts (supply and acceptance in one:
   a row whose drafter supplied fewer than j drafts counts as not accepting the j-th).
@@ -22,7 +24,7 @@ import bisect
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -37,6 +39,7 @@ class CostTable:
     batch_sizes: tuple[int, ...]
     widths: tuple[int, ...]
     seconds: tuple[tuple[float, ...], ...]
+    context: int = 0  # committed tokens per row when measured (0: unknown)
 
     def __post_init__(self) -> None:
         if list(self.batch_sizes) != sorted(set(self.batch_sizes)) or not self.batch_sizes:
@@ -44,9 +47,14 @@ class CostTable:
         if len(self.seconds) != len(self.batch_sizes) or any(len(r) != len(self.widths) for r in self.seconds):
             raise ValueError("seconds must be [len(batch_sizes)][len(widths)]")
 
-    def cost(self, rows: int, width: int) -> float:
+    @property
+    def max_context(self) -> int:
+        return self.context
+
+    def cost(self, rows: int, width: int, context: int | None = None) -> float:
         """Seconds of a round of `rows` rows x `width` tokens: linear in rows between (and beyond)
-        the measured batch sizes; width must be one of the measured widths."""
+        the measured batch sizes; width must be one of the measured widths. (One table has one
+        context: `context` is accepted for the `CostProfile` interface and ignored.)"""
         column = self.widths.index(width)
         sizes = self.batch_sizes
         if len(sizes) == 1:
@@ -55,22 +63,86 @@ class CostTable:
         (b0, b1), (c0, c1) = (sizes[i - 1], sizes[i]), (self.seconds[i - 1][column], self.seconds[i][column])
         return max(c0 + (c1 - c0) * (rows - b0) / (b1 - b0), 1e-9)
 
-    def to_dict(self) -> dict[str, list]:
+    def to_dict(self) -> dict[str, Any]:
         return {"batch_sizes": list(self.batch_sizes), "widths": list(self.widths),
-                "seconds": [list(r) for r in self.seconds]}
+                "seconds": [list(r) for r in self.seconds], "context": self.context}
 
     @classmethod
-    def from_dict(cls, data: dict[str, list]) -> "CostTable":
-        return cls(tuple(data["batch_sizes"]), tuple(data["widths"]), tuple(tuple(r) for r in data["seconds"]))
+    def from_dict(cls, data: dict[str, Any]) -> "CostTable":
+        return cls(tuple(data["batch_sizes"]), tuple(data["widths"]), tuple(tuple(r) for r in data["seconds"]),
+                   int(data.get("context", 0)))
 
     def save(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.to_dict()), encoding="utf-8")
-        tmp.replace(path)
+        _write_json(path, self.to_dict())
 
     @classmethod
     def load(cls, path: Path) -> "CostTable":
+        return cls.from_dict(json.loads(path.read_text(encoding="utf-8")))
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data), encoding="utf-8")
+    tmp.replace(path)
+
+
+@dataclass(frozen=True)
+class CostProfile:
+    """Cost tables measured at ascending committed contexts, with the same batch sizes and widths.
+
+    Between two measured contexts the cost is interpolated linearly, and beyond the longest it is
+    extrapolated along the last two (attention grows linearly with context); below the shortest
+    it is the shortest's cost.
+    """
+
+    tables: tuple[CostTable, ...]
+
+    def __post_init__(self) -> None:
+        contexts = [t.context for t in self.tables]
+        if not self.tables or contexts != sorted(set(contexts)):
+            raise ValueError(f"tables must have ascending, distinct contexts, got {contexts}")
+        first = self.tables[0]
+        if any(t.batch_sizes != first.batch_sizes or t.widths != first.widths for t in self.tables):
+            raise ValueError("every table of a profile must have the same batch sizes and widths")
+
+    @property
+    def batch_sizes(self) -> tuple[int, ...]:
+        return self.tables[0].batch_sizes
+
+    @property
+    def widths(self) -> tuple[int, ...]:
+        return self.tables[0].widths
+
+    @property
+    def max_context(self) -> int:
+        return self.tables[-1].context
+
+    def cost(self, rows: int, width: int, context: int | None = None) -> float:
+        """Seconds of a round of `rows` x `width` tokens after `context` committed tokens (the
+        batch's longest; None: the shortest measured context)."""
+        tables = self.tables
+        if context is None or len(tables) == 1 or context <= tables[0].context:
+            return tables[0].cost(rows, width)
+        i = min(bisect.bisect_left([t.context for t in tables], context), len(tables) - 1)
+        lo, hi = tables[i - 1], tables[i]
+        c0, c1 = lo.cost(rows, width), hi.cost(rows, width)
+        return max(c0 + (c1 - c0) * (context - lo.context) / (hi.context - lo.context), 1e-9)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"tables": [t.to_dict() for t in self.tables]}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "CostProfile":
+        if "tables" not in data:  # a single table (older cache files)
+            return cls((CostTable.from_dict(data),))
+        return cls(tuple(CostTable.from_dict(t) for t in data["tables"]))
+
+    def save(self, path: Path) -> None:
+        _write_json(path, self.to_dict())
+
+    @classmethod
+    def load(cls, path: Path) -> "CostProfile":
         return cls.from_dict(json.loads(path.read_text(encoding="utf-8")))
 
 
@@ -113,7 +185,7 @@ class AcceptanceStats:
 class VerifyLengthPolicy:
     """Chooses k each round from a cost table and live acceptance statistics (module docstring)."""
 
-    cost: CostTable
+    cost: CostTable | CostProfile
     stats: AcceptanceStats
     hysteresis: float = 0.05  # switch only when another k is this much faster
     probe_every: int = 16  # rounds before the first probe at max_k while k < max_k (0: never)
@@ -131,21 +203,22 @@ class VerifyLengthPolicy:
     def max_k(self) -> int:
         return self.stats.max_k
 
-    def throughput(self, rows: int, k: int) -> float:
-        """Expected tokens per second of a round verifying k drafts on each of `rows` rows."""
-        seconds = self.cost.cost(rows, k + 1) + k * self.draft_s_per_token + self.overhead_s
+    def throughput(self, rows: int, k: int, context: int | None = None) -> float:
+        """Expected tokens per second of a round verifying k drafts on each of `rows` rows whose
+        longest committed context is `context`."""
+        seconds = self.cost.cost(rows, k + 1, context) + k * self.draft_s_per_token + self.overhead_s
         return rows * self.stats.expected_tokens(k) / max(seconds, 1e-6)
 
-    def best(self, rows: int) -> int:
-        return max(range(self.max_k + 1), key=lambda k: (self.throughput(rows, k), -k))
+    def best(self, rows: int, context: int | None = None) -> int:
+        return max(range(self.max_k + 1), key=lambda k: (self.throughput(rows, k, context), -k))
 
-    def choose(self, rows: int) -> int:
+    def choose(self, rows: int, context: int | None = None) -> int:
         """The verify length for the next round of `rows` rows (recorded in `history`)."""
-        best = self.best(rows)
+        best = self.best(rows, context)
         if self.current is None:
             self.current = best
-        elif best != self.current and self.throughput(rows, best) > (1 + self.hysteresis) * self.throughput(
-                rows, self.current):
+        elif best != self.current and self.throughput(rows, best, context) > (1 + self.hysteresis) * self.throughput(
+                rows, self.current, context):
             self.current = best
         if self.probe_from is not None:  # the round after a probe: did it change the choice?
             changed = self.current != self.probe_from
@@ -161,11 +234,11 @@ class VerifyLengthPolicy:
         return k
 
     def observe_round(self, k: int, verified_with: Sequence[int], accepted: Sequence[int], draft_s: float,
-                      round_s: float, rows: int) -> None:
+                      round_s: float, rows: int, context: int | None = None) -> None:
         """Fold in one finished round: its acceptance, its drafting time and its unexplained time."""
         if k > 0:
             self.stats.observe(verified_with, accepted)
             self.draft_s_per_token += self.decay * (draft_s / k - self.draft_s_per_token)
         # May go negative: it also corrects a profile measured on a less busy machine.
-        predicted = self.cost.cost(rows, k + 1) + draft_s
+        predicted = self.cost.cost(rows, k + 1, context) + draft_s
         self.overhead_s += self.decay * (round_s - predicted - self.overhead_s)

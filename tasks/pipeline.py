@@ -136,6 +136,8 @@ def run_rollout(run_root: str, step: int) -> dict[str, Any]:
     result = host.engine.generate(requests, sampling, progress=clock.observe)
     by_id = {str(row["id"]): row for row in rows}
     drafter_versions = {d.name: d.version for d in host.engine.drafters}
+    if host.engine.worker_drafter is not None:
+        drafter_versions[host.engine.worker_drafter.name] = host.engine.worker_drafter.version
     records = [{**out.to_json(), "step": step, "prompt_token_ids": out.prompt_token_ids,
                 "drafter_versions": drafter_versions, "answer": by_id[out.request_id].get("answer"),
                 "task": by_id[out.request_id].get("task", "")} for out in result.outputs]
@@ -271,6 +273,7 @@ def sync_weights(run_root: str, step: int) -> dict[str, Any]:
             raise RuntimeError(f"weights in the engine differ from the trainer's after sync to v{step}")
         metrics = refresh_drafters(host, read_jsonl(run.rollouts(step)), step)
         save_drafters(host, run.checkpoint(step))
+        metrics |= push_worker_drafter(host, run.checkpoint(step), step)
     except Exception:
         _restore_engine(host, run, previous)
         raise
@@ -288,7 +291,19 @@ def refresh_drafters(host: RunHost, records: list[dict[str, Any]], version: int)
             result = distill_on_rollouts(drafter.runner.model, sequences, host.config.train.drafter_sync.budget())
             metrics.update({f"drafter/{drafter.name}/{k}": v for k, v in result.items()})
         drafter.version = version
+    workers = host.engine.worker_drafter  # decoupled: the verifier's copy of the workers' model
+    if workers is not None:
+        result = distill_on_rollouts(workers.model, sequences, host.config.train.drafter_sync.budget())
+        metrics.update({f"drafter/{workers.name}/{k}": v for k, v in result.items()})
     return metrics
+
+
+def push_worker_drafter(host: RunHost, checkpoint: Path, version: int) -> dict[str, float]:
+    """Decoupled: the workers load the refreshed drafter saved beside checkpoint v<version>."""
+    workers = host.engine.worker_drafter
+    if workers is None:
+        return {}
+    return workers.push(_drafter_file(checkpoint, workers.name), version)
 
 
 def _drafter_file(checkpoint: Path, name: str) -> Path:
@@ -306,6 +321,11 @@ def save_drafters(host: RunHost, checkpoint: Path) -> None:
             path.parent.mkdir(parents=True, exist_ok=True)
             state = {k: v.contiguous() for k, v in drafter.runner.model.named_parameters()}
             save_file(state, path)
+    workers = host.engine.worker_drafter
+    if workers is not None:
+        path = _drafter_file(checkpoint, workers.name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.contiguous() for k, v in workers.model.named_parameters()}, path)
 
 
 def load_drafters(host: RunHost, checkpoint: Path, version: int) -> None:
@@ -318,6 +338,10 @@ def load_drafters(host: RunHost, checkpoint: Path, version: int) -> None:
             host.engine.update_weights(load_file(path).items(), version=version, component=drafter.name)
         drafter.load_state(checkpoint / "drafters")
         drafter.version = version
+    workers = host.engine.worker_drafter
+    if workers is not None and _drafter_file(checkpoint, workers.name).exists():
+        workers.load_file(_drafter_file(checkpoint, workers.name))
+        workers.push(_drafter_file(checkpoint, workers.name), version)
 
 
 def _restore_engine(host: RunHost, run: RunDir, version: int) -> None:
@@ -338,6 +362,10 @@ def _restore_engine(host: RunHost, run: RunDir, version: int) -> None:
                 path = resolve_model(spec.model, spec.dtype or model.dtype, model.cache_dir)
                 host.engine.update_weights(load_file(Path(path) / "model.safetensors").items(), 0, drafter.name)
             drafter.version = 0
+        workers = host.engine.worker_drafter
+        if workers is not None:
+            workers.load_file(workers.initial_weights())
+            workers.push(workers.initial_weights(), 0)
     _logger().error("sync to the new policy failed; the engine and drafters are back at v%d", version)
 
 

@@ -10,7 +10,9 @@ Everything is a numpy array indexed by slot and updated for whole batches at onc
 drafted from exactly that chain (its parent hash); anything else is stale and dropped. After a
 verify round `reconcile` commits the emitted tokens: if a row accepted every draft it verified
 and its next pending draft equals the target's own token, the rest of its pending drafts stay
-valid (shifted); otherwise they are dropped and the worker realigns from the commit it receives.
+valid (shifted). In general a row keeps its pending drafts exactly when they begin with the tokens
+it committed (so a row verified with another drafter's block keeps the worker's chain when the
+target agreed with it); otherwise they are dropped and the worker realigns from the commit.
 """
 
 from __future__ import annotations
@@ -64,21 +66,23 @@ class DraftBuffers:
         tokens[np.arange(k)[None, :] >= num[:, None]] = 0
         return tokens, num
 
-    def reconcile(self, slots: np.ndarray, verified: np.ndarray, accepted: np.ndarray, output: np.ndarray,
-                  emitted: np.ndarray) -> Commits:
+    def reconcile(self, slots: np.ndarray, output: np.ndarray, emitted: np.ndarray) -> Commits:
         """Commit a round: output [R, k+1] target tokens, emitted [R] of them kept (stops may cut);
         returns the `Commits` message for the workers."""
-        rows = np.arange(len(slots))
         count = self.count[slots]
-        full = (accepted == verified) & (emitted == accepted + 1)
-        nxt = self.pending[slots, np.minimum(verified, self.width - 1)]
-        bonus = output[rows, np.minimum(verified, output.shape[1] - 1)]
-        keep = full & (count > verified) & (nxt == bonus)
+        # The pending chain survives iff it begins with exactly the emitted tokens: the row verified
+        # these drafts, accepted all it verified and the target's own next token is the next pending
+        # draft; or another drafter's block was verified and the committed tokens happen to match.
+        depth = min(self.width, output.shape[1])
+        columns = np.arange(depth)[None, :]
+        inside = columns < emitted[:, None]
+        agree = np.where(inside, self.pending[slots, :depth] == output[:, :depth], True).all(axis=1)
+        keep = (emitted > 0) & (count >= emitted) & agree
+        shift = np.where(keep, emitted, 0)
         # shift the kept rows' remaining drafts to the front
-        shift = np.where(keep, verified + 1, 0)
         columns = np.minimum(np.arange(self.width)[None, :] + shift[:, None], self.width - 1)
         self.pending[slots] = np.take_along_axis(self.pending[slots], columns, axis=1)
-        self.count[slots] = np.where(keep, count - verified - 1, 0)
+        self.count[slots] = np.where(keep, count - emitted, 0)
         new_hash = extend_hash_many(self.committed_hash[slots], output, emitted)
         self.pending_hash[slots] = np.where(keep, self.pending_hash[slots], new_hash)
         starts = self.committed_len[slots].copy()

@@ -4,7 +4,9 @@ The engine calls, per generate: `reset`; per admission: `add_rows`; per verify r
 (drain every worker, never wait), `take` (drafts to verify), `after_round` (reconcile and send
 commits), `remove_rows`. Rows are pinned to the least-loaded live worker. A worker that dies
 loses its rows' drafts (they decode plainly, outputs unchanged), is restarted, and gets its rows
-back, committed output included, once the new process reports `Ready`.
+back, committed output included, once the new process reports `Ready`. Between generate calls,
+`load_weights` pushes new draft-model weights (the pipeline's drafter sync) to every worker; a
+worker that restarts later gets them again before any row.
 """
 
 from __future__ import annotations
@@ -17,7 +19,17 @@ from typing import Callable
 import numpy as np
 
 from specactor_engine.decoupled.buffers import DraftBuffers
-from specactor_engine.decoupled.protocol import AddRows, Drafts, Pause, Ready, RemoveRows, Reset, SamplingSpec
+from specactor_engine.decoupled.protocol import (
+    AddRows,
+    Drafts,
+    LoadWeights,
+    Pause,
+    Ready,
+    RemoveRows,
+    Reset,
+    SamplingSpec,
+    WeightsLoaded,
+)
 from specactor_engine.decoupled.transport import Transport, WorkerLost
 
 logger = logging.getLogger(__name__)
@@ -35,6 +47,7 @@ class WorkerSlot:
     steps: int = 0
     restarts: int = 0
     started: float = field(default_factory=time.perf_counter)
+    weights: WeightsLoaded | None = None  # its answer to the latest LoadWeights
 
 
 class DecoupledCoordinator:
@@ -51,6 +64,7 @@ class DecoupledCoordinator:
         self.output_of: Callable[[int], list[int]] = lambda slot: []
         self.generation = 0
         self.paused = False
+        self.weights_message: LoadWeights | None = None  # the latest weights pushed (re-sent on restart)
 
     # ------------------------------------------------------------------ lifecycle
     def reset(self, num_slots: int, max_len: int, sampling: SamplingSpec, window: int,
@@ -72,21 +86,54 @@ class DecoupledCoordinator:
         for worker in self.workers:
             worker.transport.close()
 
-    def wait_ready(self, timeout_s: float = 120.0) -> bool:
-        """Block until every worker has loaded its model (start-up only; rounds never wait)."""
+    def load_weights(self, path: str, version: int, timeout_s: float = 300.0) -> list[WeightsLoaded]:
+        """Push draft-model weights (a safetensors file) to every worker and wait for their answers.
+
+        Between generate calls only. Waits for workers still loading their model too. Returns one
+        `WeightsLoaded` per worker that answered; a worker that restarts later loads the file before
+        it gets any row.
+        """
+        self.weights_message = LoadWeights(path, version)
+        for index, worker in enumerate(self.workers):
+            worker.weights = None
+            if worker.ready:
+                self._send(index, self.weights_message)
         deadline = time.monotonic() + timeout_s
-        while not all(w.ready for w in self.workers) and time.monotonic() < deadline:
-            for index, worker in enumerate(self.workers):
-                if not worker.ready:
-                    try:
-                        messages = worker.transport.drain()
-                    except WorkerLost as exc:
-                        self._lost(index, str(exc))
-                        continue
-                    if any(isinstance(m, Ready) for m in messages):
-                        self._on_ready(index)
+        while time.monotonic() < deadline:
+            self._drain_control()  # a worker still loading its model gets the file once it is Ready
+            waiting = [w for w in self.workers if w.weights is None and (w.ready or w.transport.alive())]
+            if not waiting:
+                break
             time.sleep(0.01)
-        return all(w.ready for w in self.workers)
+        return [w.weights for w in self.workers if w.weights is not None and w.weights.version == version]
+
+    def _drain_control(self) -> None:
+        """Between generate calls: take in `Ready` and `WeightsLoaded`; drafts of the last call are dropped."""
+        for index, worker in enumerate(self.workers):
+            try:
+                messages = worker.transport.drain()
+            except WorkerLost as exc:
+                self._lost(index, str(exc))
+                continue
+            for message in messages:
+                if isinstance(message, Ready):
+                    self._on_ready(index)
+                elif isinstance(message, WeightsLoaded):
+                    self._on_weights(index, message)
+
+    def wait_ready(self, timeout_s: float = 120.0) -> bool:
+        """Block until every worker has loaded its model, and the latest pushed weights if any
+        (start-up and between calls only; rounds never wait)."""
+        deadline = time.monotonic() + timeout_s
+        while not self._all_ready() and time.monotonic() < deadline:
+            self._drain_control()
+            time.sleep(0.01)
+        return self._all_ready()
+
+    def _all_ready(self) -> bool:
+        version = self.weights_message.version if self.weights_message is not None else None
+        return all(w.ready and (version is None or (w.weights is not None and w.weights.version == version))
+                   for w in self.workers)
 
     # ------------------------------------------------------------------ rows
     def add_rows(self, slots: np.ndarray, keys: np.ndarray, prompts: list[np.ndarray]) -> None:
@@ -148,6 +195,8 @@ class DecoupledCoordinator:
                     self.buffers.ingest(message, mine)
                 elif isinstance(message, Ready):
                     self._on_ready(index)
+                elif isinstance(message, WeightsLoaded):
+                    self._on_weights(index, message)
             if not worker.transport.alive():
                 self._lost(index, "process exited")
 
@@ -155,11 +204,10 @@ class DecoupledCoordinator:
         assert self.buffers is not None
         return self.buffers.take(slots, caps)
 
-    def after_round(self, slots: np.ndarray, verified: np.ndarray, accepted: np.ndarray, output: np.ndarray,
-                    emitted: np.ndarray) -> None:
+    def after_round(self, slots: np.ndarray, output: np.ndarray, emitted: np.ndarray) -> None:
         """Reconcile the buffers with a verify (or prefill) round and send each worker its commits."""
         assert self.buffers is not None
-        commits = self.buffers.reconcile(slots, verified, accepted, output, emitted)
+        commits = self.buffers.reconcile(slots, output, emitted)
         owners = self.worker_of[slots]
         for index in set(owners.tolist()) - {NO_WORKER}:
             if not self.workers[index].ready:
@@ -186,9 +234,17 @@ class DecoupledCoordinator:
         outputs = [np.asarray(self.output_of(s) if with_output else [], dtype=np.int64) for s in slots.tolist()]
         self._send(index, AddRows(slots, keys, prompts, outputs))
 
+    def _on_weights(self, index: int, message: WeightsLoaded) -> None:
+        self.workers[index].weights = message
+        if message.error:
+            logger.warning("drafter worker %d could not load weights v%d (%s); it drafts with its old weights",
+                           index, message.version, message.error)
+
     def _on_ready(self, index: int) -> None:
         worker = self.workers[index]
         worker.ready = True
+        if self.weights_message is not None:  # a restarted worker starts from the model files: bring it up to date
+            self._send(index, self.weights_message)
         if self.reset_message is None:
             return
         self._send(index, self.reset_message)

@@ -1,9 +1,9 @@
 """The drafter role of decoupled speculation: runs ahead of the committed prefix, streaming drafts.
 
-`DraftWorker` is the logic (testable in process); `worker_main` is the process entry point that
-loads a draft model, then loops: apply every message that has arrived, and if some row has room
-in its run-ahead window, run one batched draft step and send its `Drafts`; with nothing to do it
-blocks on the pipe. It never waits for the verifier otherwise.
+`DraftWorker` is the logic (testable in process); `serve` is the loop every transport runs: apply
+every message that has arrived, and if some row has room in its run-ahead window, run one batched
+draft step and emit its `Drafts`; with nothing to do it blocks on its inbox. It never waits for the
+verifier otherwise. `worker_main` is the entry point of a local worker process (over a pipe).
 
 Per row it keeps the output chain (committed tokens, then its own drafts), how much of it the
 verifier has committed (`known`), the rolling hashes of every prefix of the chain, and how many
@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -28,12 +28,14 @@ from specactor_engine.decoupled.protocol import (
     AddRows,
     Commits,
     Drafts,
+    LoadWeights,
     Pause,
     Ready,
     RemoveRows,
     Reset,
     SamplingSpec,
     Shutdown,
+    WeightsLoaded,
 )
 from specactor_engine.model_runner import ModelRunner
 from specactor_engine.sampling import STREAM_TARGET, SamplingParams, sample_tokens
@@ -72,7 +74,10 @@ class DraftWorker:
         self.paused = False
 
     # ------------------------------------------------------------------ messages
-    def handle(self, message: Any) -> None:
+    def handle(self, message: Any) -> Any | None:
+        """Apply one message; returns the reply to send, if it has one (`LoadWeights`)."""
+        if isinstance(message, LoadWeights):
+            return self._load_weights(message)
         if isinstance(message, Reset):
             self.rows.clear()
             self.runner.allocate(message.num_slots, message.max_len)
@@ -96,6 +101,24 @@ class DraftWorker:
                 self.rows.pop(slot, None)
         else:
             raise TypeError(f"drafter worker: unexpected message {type(message).__name__}")
+        return None
+
+    def _load_weights(self, message: LoadWeights) -> WeightsLoaded:
+        """New draft-model weights in place (between generate calls: cached KV of old rows is stale,
+        so every row re-feeds from its prompt)."""
+        from safetensors.torch import load_file
+
+        from specactor_engine.weights import load_named_weights, weights_digest
+
+        started = time.perf_counter()
+        try:
+            load_named_weights(self.runner.model, load_file(message.path).items())
+        except Exception as exc:  # noqa: BLE001 - reported to the verifier, which decides; drafting goes on
+            return WeightsLoaded(message.version, "", time.perf_counter() - started, f"{type(exc).__name__}: {exc}")
+        for row in self.rows.values():
+            row.kv = 0
+        digest = weights_digest(self.runner.model.named_parameters())
+        return WeightsLoaded(message.version, digest, time.perf_counter() - started)
 
     def _apply_commits(self, message: Commits) -> None:
         offsets = message.offsets.tolist()
@@ -174,23 +197,38 @@ class DraftWorker:
         return logits
 
 
-def worker_main(conn: Any, model_path: str, dtype: str, threads: int, target_vocab_size: int) -> None:
-    """Process entry: load the draft model, announce `Ready`, then serve messages and draft."""
+def serve(worker: DraftWorker, receive: Callable[[], Any], pending: Callable[[], bool],
+          emit: Callable[[Any], None]) -> None:
+    """Run a worker until `Shutdown`: apply what has arrived (`pending()`: something is waiting;
+    `receive()` blocks for the next message), draft while some row has room, `emit` what it makes."""
+    while True:
+        while pending() or not worker.has_work():
+            message = receive()  # blocks only when there is nothing to draft
+            if isinstance(message, Shutdown):
+                return
+            reply = worker.handle(message)
+            if reply is not None:
+                emit(reply)
+        drafts = worker.step()
+        if drafts is not None:
+            emit(drafts)
+
+
+def load_worker(model_path: str, dtype: str, threads: int, target_vocab_size: int) -> tuple[DraftWorker, Ready]:
+    """Load the draft model on `threads` torch threads: the worker and its `Ready` announcement."""
     from specactor_engine.model_runner import load_hf_model
 
     torch.set_num_threads(threads)
     started = time.perf_counter()
     worker = DraftWorker(load_hf_model(model_path, dtype), target_vocab_size)
-    conn.send(Ready(os.getpid(), time.perf_counter() - started))
+    return worker, Ready(os.getpid(), time.perf_counter() - started)
+
+
+def worker_main(conn: Any, model_path: str, dtype: str, threads: int, target_vocab_size: int) -> None:
+    """Local process entry: load the draft model, announce `Ready`, then serve the pipe."""
+    worker, ready = load_worker(model_path, dtype, threads, target_vocab_size)
+    conn.send(ready)
     try:
-        while True:
-            while conn.poll(0) or not worker.has_work():
-                message = conn.recv()  # blocks only when there is nothing to draft
-                if isinstance(message, Shutdown):
-                    return
-                worker.handle(message)
-            drafts = worker.step()
-            if drafts is not None:
-                conn.send(drafts)
+        serve(worker, conn.recv, lambda: conn.poll(0), conn.send)
     except (EOFError, BrokenPipeError, ConnectionResetError):
         return  # the verifier went away

@@ -1,8 +1,10 @@
 """Messages between the verifier and its drafter workers, and the chain hash that validates drafts.
 
 Verifier -> drafter:  `Reset` (a new generate call), `AddRows`, `Commits` (every round, the tokens
-                      each row committed), `RemoveRows`, `Pause`, `Shutdown`.
-Drafter -> verifier:  `Drafts` (one draft step: one token per row it drafted for), `Ready`.
+                      each row committed), `RemoveRows`, `Pause`, `LoadWeights` (the pipeline's drafter
+                      sync, between generate calls), `Shutdown`.
+Drafter -> verifier:  `Drafts` (one draft step: one token per row it drafted for), `Ready`,
+                      `WeightsLoaded` (the answer to `LoadWeights`).
 
 A draft is trusted only if it continues exactly the chain the verifier holds. Rather than epochs
 that both sides must keep in step, every draft carries the rolling hash of the output tokens it
@@ -110,6 +112,14 @@ class Shutdown:
 
 
 @dataclass(frozen=True)
+class LoadWeights:
+    """Copy the draft model's weights from a safetensors file (a path the worker can read) in place."""
+
+    path: str
+    version: int
+
+
+@dataclass(frozen=True)
 class Drafts:
     """One draft step of a worker: for each row, the token at output position `positions`,
     drafted after a chain whose hash is `parent_hashes`."""
@@ -128,3 +138,14 @@ class Ready:
 
     pid: int
     load_s: float
+
+
+@dataclass(frozen=True)
+class WeightsLoaded:
+    """The worker loaded `LoadWeights(version)`; `digest` is `weights_digest` of its model after the load
+    ("" with `error` set when the load failed: the worker keeps drafting with its old weights)."""
+
+    version: int
+    digest: str
+    load_s: float
+    error: str = ""

@@ -193,13 +193,13 @@ def test_buffers_keep_only_drafts_that_continue_the_chain():
     tokens, num = buffers.take(np.array([0, 1]), np.array([4, 4]))
     assert tokens.tolist() == [[7, 8], [0, 0]] and num.tolist() == [2, 0]
     # row 0 verifies 1 draft, accepts it, and the target's next token equals its 2nd draft: it stays
-    commits = buffers.reconcile(np.array([0]), np.array([1]), np.array([1]), np.array([[7, 8]]), np.array([2]))
+    commits = buffers.reconcile(np.array([0]), np.array([[7, 8]]), np.array([2]))
     assert buffers.count[0] == 0 and buffers.committed_len[0] == 2
     assert commits.tokens.tolist() == [7, 8] and commits.starts.tolist() == [0]
     buffers.ingest(drafts([0], [2], [4], [chain_hash([7, 8])]), owned)
     buffers.ingest(drafts([0], [3], [6], [chain_hash([7, 8, 4])]), owned)
     # verify 1 of 2, rejected (target says 3): the rest is dropped
-    buffers.reconcile(np.array([0]), np.array([1]), np.array([0]), np.array([[3, 0]]), np.array([1]))
+    buffers.reconcile(np.array([0]), np.array([[3, 0]]), np.array([1]))
     assert buffers.count[0] == 0 and buffers.pending_hash[0] == chain_hash([7, 8, 3])
     # a late draft built on the rejected token dies on arrival
     buffers.ingest(drafts([0], [3], [1], [chain_hash([7, 8, 4])]), owned)
@@ -221,3 +221,58 @@ def test_worker_realigns_on_a_diverging_commit(target):
     assert row.kv <= 3 + 1  # KV cut back to the divergence
     nxt = worker.step()
     assert int(nxt.positions[0]) == 2 and int(nxt.parent_hashes[0]) == chain_hash([drafted[0], wrong])
+
+
+# ------------------------------------------------------------------------------ drafter weight sync
+def test_pushed_weights_reach_every_worker_and_a_restarted_one(models, target, tmp_path):
+    """The pipeline's drafter sync for workers: a file pushed with `load_weights` is loaded in place
+    (digest checked), drafting uses it (the noisy drafter becomes the target: every draft accepted),
+    and a worker that restarts afterwards loads it before it drafts again."""
+    from safetensors.torch import save_file
+
+    from specactor_engine.weights import weights_digest
+
+    path = tmp_path / "drafter.safetensors"
+    save_file({k: v.contiguous() for k, v in target.named_parameters()}, str(path))
+    params = sampling(0.0, n=2, max_new_tokens=24, ignore_eos=True)
+    reference = token_ids(run(target, ragged_requests(4), params))
+    coordinator = coordinator_for(models["other"], target.config.vocab_size, workers=2)
+    engine = decoupled_engine(target, coordinator)
+    try:
+        before = engine.generate(ragged_requests(4), params, progress=slow_verifier).stats
+        answers = coordinator.load_weights(str(path), version=1)
+        assert [a.digest for a in answers] == [weights_digest(target.named_parameters())] * 2
+        after = engine.generate(ragged_requests(4), params, progress=slow_verifier)
+        assert token_ids(after) == reference
+        assert after.stats.accepted_tokens == after.stats.drafted_tokens > 0
+        assert before.accepted_tokens < before.drafted_tokens  # the old weights were wrong at times
+
+        coordinator.workers[0].transport.kill()
+        coordinator.poll()  # notices the loss and restarts it
+        assert coordinator.workers[0].restarts == 1
+        assert coordinator.wait_ready(120)  # up, and the pushed weights loaded again
+        assert coordinator.workers[0].weights.digest == answers[0].digest
+
+        bad = coordinator.load_weights(str(tmp_path / "missing.safetensors"), version=2)
+        assert len(bad) == 2 and all(a.error and not a.digest for a in bad)
+        again = engine.generate(ragged_requests(4), params, progress=slow_verifier)
+        assert token_ids(again) == reference and again.stats.accepted_tokens > 0  # old weights still draft
+    finally:
+        coordinator.close()
+
+
+def test_buffers_keep_the_worker_chain_when_another_drafters_block_matches_it():
+    """Fastest-of-N verifies some rows with another drafter's block: the worker's pending drafts stay
+    exactly when the committed tokens are their prefix."""
+    buffers = DraftBuffers(num_slots=2, width=4)
+    buffers.add_rows(np.array([0, 1]))
+    for slot in (0, 1):
+        for position, token in enumerate([5, 6, 7]):
+            buffers.ingest(Drafts(np.array([slot]), np.array([position]), np.array([token]),
+                                  np.array([chain_hash([5, 6, 7][:position])], dtype=np.int64), 0.0, 1),
+                           np.array([True, True]))
+    # row 0 committed 5, 6 (agrees with its chain); row 1 committed 5, 9 (disagrees at the 2nd)
+    buffers.reconcile(np.array([0, 1]), np.array([[5, 6, 0], [5, 9, 0]]), np.array([2, 2]))
+    assert buffers.count.tolist() == [1, 0]
+    assert buffers.pending[0, 0] == 7 and buffers.pending_hash[0] == chain_hash([5, 6, 7])
+    assert buffers.pending_hash[1] == buffers.committed_hash[1] == chain_hash([5, 9])

@@ -80,7 +80,8 @@ def test_cost_profile_is_measured_once_and_cached(tmp_path):
     first = load_or_measure(runner, max_rows=5, max_k=2, cache_dir=tmp_path)
     assert first.batch_sizes == profile_batches(5) == (1, 4, 5)
     assert first.widths == (1, 2, 3)
-    assert all(s > 0 for row in first.seconds for s in row)
+    assert [t.context for t in first.tables] == [128, 256]  # the short context and the default longest
+    assert all(s > 0 for t in first.tables for row in t.seconds for s in row)
     files = list((tmp_path / "cost_profiles").glob("*.json"))
     assert len(files) == 1
     assert load_or_measure(runner, max_rows=5, max_k=2, cache_dir=tmp_path) == first  # read back, not re-measured

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from specactor_engine.verify_length import AcceptanceStats, CostTable, VerifyLengthPolicy
+from specactor_engine.verify_length import AcceptanceStats, CostProfile, CostTable, VerifyLengthPolicy
 
 BATCHES = (1, 8, 32)
 WIDTHS = (1, 2, 3, 4, 5)
 
 
-def linear_table(fixed: float, per_token: float) -> CostTable:
+def linear_table(fixed: float, per_token: float, context: int = 0) -> CostTable:
     """seconds = fixed + per_token x rows x width: a memory-bound floor plus compute per token."""
-    return CostTable(BATCHES, WIDTHS, tuple(tuple(fixed + per_token * b * w for w in WIDTHS) for b in BATCHES))
+    return CostTable(BATCHES, WIDTHS, tuple(tuple(fixed + per_token * b * w for w in WIDTHS) for b in BATCHES),
+                     context)
 
 
 def policy_with(table: CostTable, accept_through: list[float], **kwargs) -> VerifyLengthPolicy:
@@ -20,14 +21,15 @@ def policy_with(table: CostTable, accept_through: list[float], **kwargs) -> Veri
                               **kwargs)
 
 
-def analytic_best(table: CostTable, accept_through: list[float], rows: int) -> int:
+def analytic_best(table: CostTable | CostProfile, accept_through: list[float], rows: int,
+                  context: int | None = None) -> int:
     """Brute force over k of rows x E[k] / cost, E[k] = 1 + sum of the (non-increasing) chain."""
     def rate(k: int) -> float:
         chain, expected = 1.0, 1.0
         for q in accept_through[:k]:
             chain = min(chain, q)
             expected += chain
-        return rows * expected / table.cost(rows, k + 1)
+        return rows * expected / table.cost(rows, k + 1, context)
 
     return max(range(5), key=rate)
 
@@ -39,6 +41,33 @@ def test_cost_table_interpolates_linearly_in_rows():
     assert table.cost(64, 5) == pytest.approx(0.3 + 0.01 * 64 * 5)  # beyond the last: extrapolated
     with pytest.raises(ValueError):
         CostTable((8, 1), WIDTHS, ((1.0,) * 5,) * 2)
+
+
+def test_cost_profile_interpolates_linearly_in_context():
+    short, long = linear_table(0.1, 0.01, context=128), linear_table(0.2, 0.03, context=512)
+    profile = CostProfile((short, long))
+    assert profile.cost(8, 3, 128) == pytest.approx(short.cost(8, 3))
+    assert profile.cost(8, 3, 512) == pytest.approx(long.cost(8, 3))
+    assert profile.cost(8, 3, 320) == pytest.approx((short.cost(8, 3) + long.cost(8, 3)) / 2)  # halfway
+    assert profile.cost(8, 3, 896) == pytest.approx(2 * long.cost(8, 3) - short.cost(8, 3))  # extrapolated
+    assert profile.cost(8, 3, 16) == pytest.approx(short.cost(8, 3))  # below the shortest: its cost
+    assert profile.max_context == 512 and profile.batch_sizes == BATCHES
+    assert CostProfile.from_dict(profile.to_dict()) == profile
+    assert CostProfile.from_dict(short.to_dict()) == CostProfile((short,))  # a single-table cache file
+    with pytest.raises(ValueError, match="ascending"):
+        CostProfile((long, short))
+    with pytest.raises(ValueError, match="same batch sizes"):
+        CostProfile((short, CostTable((1, 8), WIDTHS, ((1.0,) * 5,) * 2, 512)))
+
+
+def test_policy_follows_the_batch_context():
+    """Long contexts make every verified token dearer (attention): the best length comes down."""
+    profile = CostProfile((linear_table(0.3, 0.001, context=128), linear_table(0.3, 0.05, context=2048)))
+    accept = [0.7, 0.5, 0.35, 0.25]
+    short, long = analytic_best(profile, accept, 32, 128), analytic_best(profile, accept, 32, 2048)
+    assert short > long
+    assert policy_with(profile, accept).choose(32, 128) == short
+    assert policy_with(profile, accept).choose(32, 2048) == long
 
 
 @pytest.mark.parametrize(("fixed", "per_token", "accept", "rows"), [

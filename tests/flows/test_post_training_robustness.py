@@ -120,6 +120,36 @@ def test_drafter_sync_keeps_acceptance_and_broken_sync_raises_the_alarm(tmp_path
     assert any(alarm.startswith("draft:") for alarm in broken[2]["alarms"])
 
 
+def test_decoupled_run_syncs_the_workers_drafter(tmp_path, prefect_harness, toy_reward, policy_dir, data):
+    """Mode decoupled: after each update the verifier's copy of the workers' drafter is distilled, saved
+    beside the checkpoint and loaded by every worker (digest-checked); a resumed run pushes it again."""
+    from safetensors.torch import load_file
+
+    from specactor_engine.weights import weights_digest
+    from tasks.run_dir import RunDir, read_jsonl
+    from tasks.runtime import drop_host, get_host
+
+    run = RunDir(tmp_path / "run")
+    decoupled = ["rollout.mode=decoupled", f"rollout.decoupled.drafter={policy_dir}", "rollout.decoupled.dynamic=false"]
+    first = run_flow(flow_overrides(policy_dir, data, run.root, toy_reward, steps=1) + decoupled)["steps"][1]
+    assert first["drafter/decoupled/synced_workers"] == 1.0 and first["drafter/decoupled/distill_steps"] > 0
+    saved = load_file(run.checkpoint(1) / "drafters" / "decoupled.safetensors")
+    initial = load_file(policy_dir / "model.safetensors")
+    assert not torch.equal(saved["model.norm.weight"], initial["model.norm.weight"])  # distilled, not the original
+
+    resumed = run_flow(flow_overrides(policy_dir, data, run.root, toy_reward, steps=2) + decoupled, release=False)
+    try:
+        assert sorted(resumed["steps"]) == [1, 2]
+        assert {r["drafter_versions"]["decoupled"] for r in read_jsonl(run.rollouts(2))} == {1}
+        engine = get_host(str(run.root)).engine
+        final = load_file(run.checkpoint(2) / "drafters" / "decoupled.safetensors")
+        copy = dict(engine.worker_drafter.model.named_parameters())
+        assert all(torch.equal(copy[name], tensor) for name, tensor in final.items())
+        assert [w.weights.digest for w in engine.coordinator.workers] == [weights_digest(copy.items())]
+    finally:
+        drop_host(str(run.root))
+
+
 def test_bad_input_fails_before_any_work(tmp_path, policy_dir):
     from flows.post_training import check_train_config
     from specactor_engine.config import ConfigError, load_config

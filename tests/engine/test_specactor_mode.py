@@ -1,0 +1,67 @@
+"""Mode `specactor`: Fastest-of-N per request over in-process drafters and the drafter workers'
+streamed drafts, dynamic verify length, dynamic decoupling. Exact against plain decoding (fp64)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specactor_engine.engine import Engine
+from tests.engine.test_decoupled import K, coordinator_for, models, slow_verifier, target  # noqa: F401 - fixtures
+from tests.engine.test_exactness import MAX_LEN, make_drafter, ragged_requests, run, sampling, token_ids
+from tests.fixtures.tiny_models import make_tokenizer
+
+
+def specactor_engine(target, drafters, coordinator=None, **kwargs) -> Engine:  # noqa: F811
+    return Engine(target, make_tokenizer(), mode="specactor", num_draft_tokens=K, max_batch_size=16,
+                  max_model_len=MAX_LEN, drafters=drafters, coordinator=coordinator, check_invariants=True,
+                  **kwargs)
+
+
+@pytest.fixture(scope="module")
+def noisy_workers(models, target):  # noqa: F811
+    coordinator = coordinator_for(models["other"], target.config.vocab_size, workers=1, max_delay_s=0.005)
+    yield coordinator
+    coordinator.close()
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_in_process_drafters_only_is_exact_and_uses_several(target, temperature):  # noqa: F811
+    params = sampling(temperature, n=3, max_new_tokens=30)
+    reference = token_ids(run(target, ragged_requests(6), params))
+    drafters = [make_drafter(kind, target, torch.float64) for kind in ("suffix", "ngram", "model")]
+    result = specactor_engine(target, drafters).generate(ragged_requests(6), params)
+    assert token_ids(result) == reference
+    assert len(result.stats.drafted_per_drafter) >= 2  # the selector tried more than one method
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_workers_and_in_process_drafters_are_exact(target, noisy_workers, temperature):  # noqa: F811
+    params = sampling(temperature, n=2, max_new_tokens=30, ignore_eos=True)
+    reference = token_ids(run(target, ragged_requests(6), params))
+    drafters = [make_drafter(kind, target, torch.float64) for kind in ("suffix", "ngram")]
+    engine = specactor_engine(target, drafters, noisy_workers, verify_length="dynamic")
+    result = engine.generate(ragged_requests(6), params, progress=slow_verifier)
+    assert token_ids(result) == reference
+    used = result.stats.drafted_per_drafter
+    assert used.get("decoupled", 0) > 0 and (used.get("suffix", 0) + used.get("ngram", 0)) > 0, used
+    assert result.stats.accepted_per_drafter.get("decoupled", 0) > 0
+
+
+def test_paused_workers_phase_still_drafts_in_process_and_is_exact(target, noisy_workers):  # noqa: F811
+    params = sampling(1.0, n=2, max_new_tokens=40, ignore_eos=True)
+    reference = token_ids(run(target, ragged_requests(5), params))
+    drafters = [make_drafter(kind, target, torch.float64) for kind in ("suffix", "ngram")]
+    engine = specactor_engine(target, drafters, noisy_workers, dynamic_decoupling=True,
+                              verifier_threads=1)
+    result = engine.generate(ragged_requests(5), params, progress=slow_verifier)
+    assert token_ids(result) == reference
+    assert set(result.stats.arm_rounds) == {"decoupled", "solo"}
+    solo = [r for r in result.stats.timeline if r["arm"] == "solo"]
+    assert solo and not any("decoupled" in r["by_drafter"] for r in solo)  # paused workers supply nothing
+    assert any(r["drafted"] for r in solo)  # while the in-process drafters go on drafting
+
+
+def test_specactor_needs_a_draft_source(target):  # noqa: F811
+    with pytest.raises(ValueError, match="needs drafters"):
+        specactor_engine(target, [])
