@@ -33,7 +33,8 @@ def bench_results(tmp_path_factory) -> tuple[Path, dict]:
     target = save_tiny_model(root / "target", "llama", seed=0)
     drafter = save_tiny_model(root / "drafter", "llama", seed=0, num_layers=1)
     out = root / "out"
-    args = ["--trace", "quick", "--model", f"{target}:{drafter}", "--systems", "hf,ar,coupled,oracle,vllm",
+    args = ["--trace", "quick", "--model", f"{target}:{drafter}", "--systems",
+            "hf,ar,coupled,oracle,decoupled,specactor,vllm",
             "--repeats", "1", "--prompts", "2", "--samples", "2", "--max-new-tokens", "6", "--out", str(out)]
     with pytest.MonkeyPatch.context() as patch:
         # vLLM lives in its own venv (make vllm-env); here it must be reported absent, not fail the run
@@ -47,7 +48,7 @@ def test_results_have_every_figure(bench_results):
     out, results = bench_results
     assert {"machine", "trace", "settings", "systems", "command"} <= results.keys()
     assert {"cpu_model", "logical_cpus", "threads", "versions", "git"} <= results["machine"].keys()
-    assert set(results["systems"]) == {"hf", "ar", "coupled", "oracle"}
+    assert set(results["systems"]) == {"hf", "ar", "coupled", "oracle", "decoupled", "specactor"}
     for name, entry in results["systems"].items():
         assert SYSTEM_KEYS <= entry.keys(), name
         assert entry["repeats"] == 1 and "error" not in entry, name
@@ -55,8 +56,8 @@ def test_results_have_every_figure(bench_results):
         assert 0 < entry["output_tokens"][0] <= NUM_SEQUENCES * 6
         assert 0.0 <= entry["tail_share"][0] <= 1.0
     table, _, split = (out / "results.md").read_text().partition("Where the time went")
-    assert table.count("| `") == 4
-    assert split.count("| `") == 3  # the engine systems: ar, coupled, oracle
+    assert table.count("| `") == 6
+    assert split.count("| `") == 5  # the engine systems: ar, coupled, oracle, decoupled, specactor
     assert (out / "trace.json").is_file()
 
 
@@ -91,8 +92,9 @@ def test_ar_is_its_own_reference_and_oracle_accepts_everything(bench_results):
     assert systems["ar"]["mean_accept_len"] == [1.0]
     assert systems["oracle"]["acceptance_rate"] == [1.0]
     assert systems["oracle"]["identical_to_ar"] == [1.0]
-    # fp32 tiny models: speculation is lossless, whatever the drafter
-    assert systems["coupled"]["identical_to_ar"] == [1.0]
+    # fp32 tiny models: speculation is lossless, whatever the drafter and the mode
+    for name in ("coupled", "decoupled", "specactor"):
+        assert systems[name]["identical_to_ar"] == [1.0], name
 
 
 def test_hf_greedy_matches_ar_on_a_tiny_model(tmp_path):
@@ -152,6 +154,19 @@ def test_summary_table_covers_every_system(bench_results):
 
     out, _ = bench_results
     table = render([out])
-    for name in ("hf", "ar", "coupled", "oracle"):
+    for name in ("hf", "ar", "coupled", "oracle", "decoupled", "specactor"):
         assert f"| `{name}` |" in table
     assert "| `vllm` | 0 |" in table and "not run" in table
+
+
+def test_profile_step_prints_the_operator_split(tmp_path):
+    from benchmark.profile_step import app as profile_app
+
+    target = save_tiny_model(tmp_path / "target", "llama", seed=0)
+    result = CliRunner().invoke(profile_app, ["--model", str(target), "--dtype", "float32", "--batch", "3",
+                                              "--context", "8", "--steps", "2", "--threads", "1"])
+    assert result.exit_code == 0, result.output
+    assert "| matmul (linear layers, lm_head) |" in result.output
+    shares = [float(line.split("|")[2].strip().rstrip("%")) for line in result.output.splitlines()
+              if line.startswith("| ") and line.rstrip().endswith("% |") and line.count("|") == 3]
+    assert 98 <= sum(shares) <= 102  # the groups cover all operator time

@@ -114,7 +114,7 @@ def test_parse_override() -> None:
         (["rollout.num_draft_tokenz=3"], "unknown key 'rollout.num_draft_tokenz' (did you mean 'rollout.num_draft_tokens'?)"),
         (["modle.target=x"], "unknown key 'modle' (did you mean 'model'?)"),
         (["rollout.drafters.0.min_nn=2"], "unknown key 'rollout.drafters.0.min_nn' (did you mean 'rollout.drafters.0.min_n'?)"),
-        (["rollout.mode=fast"], "rollout.mode: must be one of 'ar', 'coupled' or 'decoupled' (got 'fast')"),
+        (["rollout.mode=fast"], "rollout.mode: must be one of 'ar', 'coupled', 'decoupled' or 'specactor' (got 'fast')"),
         (["model.dtype=int8"], "model.dtype: must be one of 'float32', 'bfloat16', 'float16' or 'float64' (got 'int8')"),
         (["rollout.acceptance=typical"], "rollout.acceptance: must be one of"),
         (["rollout.drafters.0.kind=eagle"], "rollout.drafters.0: 'kind' must be one of 'model', 'ngram', 'suffix' (got 'eagle')"),

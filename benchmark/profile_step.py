@@ -1,0 +1,94 @@
+"""Where one decode step of the engine spends its time: a torch.profiler table by operator.
+
+    python -m benchmark.profile_step --trace A --batch 32 --context 256 --steps 8
+
+Loads the trace's target like the benchmark does, fills every row's KV cache to `--context`
+tokens, then profiles `--steps` one-token verify forwards (the `ar` decode step) plus the
+seeded sampling, on the benchmark's thread budget. Prints the operators by self CPU time as a
+markdown table, and the share of the step in matrix multiplies, attention and everything else.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import torch
+import typer
+
+from benchmark.traces import get_trace
+
+app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+
+MATMUL_OPS = ("aten::addmm", "aten::mm", "aten::bmm", "aten::matmul", "aten::linear")
+ATTENTION_OPS = ("aten::_scaled_dot_product", "aten::scaled_dot_product", "aten::softmax", "aten::_softmax")
+GATHER_OPS = ("aten::index", "aten::index_put", "aten::gather", "aten::copy_", "aten::cat")
+
+
+def classify(name: str) -> str:
+    if name.startswith(MATMUL_OPS):
+        return "matmul (linear layers, lm_head)"
+    if name.startswith(ATTENTION_OPS):
+        return "attention"
+    if name.startswith(GATHER_OPS):
+        return "KV cache gather/scatter, copies"
+    return "other (norms, rotary, activations, sampling, ...)"
+
+
+@app.command()
+def main(trace_name: Annotated[str, typer.Option("--trace", help="Whose target and dtype to profile.")] = "A",
+         model: Annotated[str | None, typer.Option("--model", help="A target name or HF dir instead.")] = None,
+         dtype: Annotated[str | None, typer.Option("--dtype", help="Override the trace's dtype.")] = None,
+         batch: Annotated[int, typer.Option("--batch", min=1)] = 32,
+         context: Annotated[int, typer.Option("--context", min=1)] = 256,
+         steps: Annotated[int, typer.Option("--steps", min=1)] = 8,
+         threads: Annotated[int, typer.Option("--threads", min=1)] = 2,
+         top: Annotated[int, typer.Option("--top", min=1)] = 15) -> None:
+    """Profile the engine's one-token decode step on the trace's target."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from benchmark.systems import RunSpec, load_target
+    from specactor_engine.model_runner import ModelRunner
+    from specactor_engine.sampling import SamplingParams, sample_tokens
+
+    torch.set_num_threads(threads)
+    trace = get_trace(trace_name)
+    target, dtype = model or trace.model.target, dtype or trace.dtype
+    loaded, _ = load_target(RunSpec(system="ar", trace=trace, target=target, drafter=None, dtype=dtype,
+                                    threads=threads))
+    runner = ModelRunner(loaded)
+    runner.allocate(batch, context + steps + 2)
+    slots = torch.arange(batch)
+    generator = torch.Generator().manual_seed(0)
+    prefix = torch.randint(runner.vocab_size, (batch, context), generator=generator)
+    runner.forward(prefix, slots, logits_at="last")
+    runner.commit(slots, torch.full((batch,), context))
+    params, keys = SamplingParams(1.0, 0, 1.0), torch.arange(batch)
+
+    def step(i: int) -> None:
+        tokens = torch.randint(runner.vocab_size, (batch, 1), generator=generator)
+        logits = runner.forward(tokens, slots)
+        sample_tokens(logits, params, keys, torch.full((batch, 1), context + i))
+        runner.commit(slots, torch.ones(batch, dtype=torch.long))
+
+    step(0)  # warm-up
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for i in range(1, steps + 1):
+            step(i)
+    events = [e for e in prof.key_averages() if e.self_cpu_time_total > 0]
+    total = sum(e.self_cpu_time_total for e in events)
+    groups: dict[str, float] = {}
+    for event in events:
+        groups[classify(event.key)] = groups.get(classify(event.key), 0.0) + event.self_cpu_time_total
+    print(f"{target} ({dtype}), batch {batch}, context {context}, {threads} threads: "
+          f"{total / steps / 1e3:.1f} ms of operator time per decode step\n")
+    print("| group | share |\n|---|---|")
+    for name, value in sorted(groups.items(), key=lambda item: -item[1]):
+        print(f"| {name} | {value / total:.0%} |")
+    print("\n| operator | calls per step | self ms per step | share |\n|---|---|---|---|")
+    for event in sorted(events, key=lambda e: -e.self_cpu_time_total)[:top]:
+        print(f"| `{event.key}` | {event.count / steps:.0f} | {event.self_cpu_time_total / steps / 1e3:.2f} | "
+              f"{event.self_cpu_time_total / total:.1%} |")
+
+
+if __name__ == "__main__":
+    app()
