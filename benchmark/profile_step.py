@@ -19,8 +19,10 @@ from benchmark.traces import get_trace
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
 
-MATMUL_OPS = ("aten::addmm", "aten::mm", "aten::bmm", "aten::matmul", "aten::linear")
-ATTENTION_OPS = ("aten::_scaled_dot_product", "aten::scaled_dot_product", "aten::softmax", "aten::_softmax")
+MATMUL_OPS = ("aten::addmm", "aten::mm", "aten::matmul", "aten::linear")
+# bmm: the engine's grouped attention for bf16/fp16 (scores and weighted values)
+ATTENTION_OPS = ("aten::_scaled_dot_product", "aten::scaled_dot_product", "aten::softmax", "aten::_softmax",
+                 "aten::bmm", "aten::masked_fill")
 GATHER_OPS = ("aten::index", "aten::index_put", "aten::gather", "aten::copy_", "aten::cat")
 
 

@@ -31,6 +31,28 @@ DTYPES = {
 }
 
 
+HALF_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def grouped_attention_fp32(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                           scale: float) -> torch.Tensor:
+    """Attention in fp32 with grouped KV heads, by two batched matmuls: [R, H, T, D].
+
+    q [R, H, T, D], k/v [R, H_kv, S, D], mask [R, 1, T, S] bool (True: may attend). On CPU, torch's
+    fused kernel for bf16/fp16 takes ~20x longer than this at decode shapes (T of 1..k+1 queries
+    against hundreds of keys), which made attention over half of a bf16 decode step; fp32
+    accumulation keeps it at least as accurate as the fused kernel.
+    """
+    R, H, T, D = q.shape
+    H_kv, S = k.shape[1], k.shape[2]
+    group = H // H_kv
+    queries = q.float().reshape(R, H_kv, group * T, D)  # heads of a group share their KV head
+    scores = torch.matmul(queries, k.float().transpose(-1, -2)).mul_(scale).view(R, H_kv, group, T, S)
+    scores.masked_fill_(~mask[:, :, None], float("-inf"))
+    weights = torch.softmax(scores, dim=-1).view(R, H_kv, group * T, S)
+    return torch.matmul(weights, v.float()).view(R, H, T, D)
+
+
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
@@ -113,10 +135,12 @@ class ModelRunner:
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         self.cache.write(layer_idx, slots, positions, k, v)
         keys, values = self.cache.read(layer_idx, slots, mask.shape[-1])  # [R, S, H_kv, D]
-        out = F.scaled_dot_product_attention(
-            q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
-            attn_mask=mask, scale=attn.scaling, enable_gqa=self.num_kv_heads != self.num_heads,
-        )  # [R, H, T, D]
+        q, keys, values = q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2)
+        if q.dtype in HALF_DTYPES and q.device.type == "cpu":
+            out = grouped_attention_fp32(q, keys, values, mask, attn.scaling).to(q.dtype)
+        else:
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=attn.scaling,
+                                                 enable_gqa=self.num_kv_heads != self.num_heads)  # [R, H, T, D]
         return attn.o_proj(out.transpose(1, 2).reshape(R, T, self.num_heads * self.head_dim))
 
     @torch.inference_mode()

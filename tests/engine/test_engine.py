@@ -154,3 +154,29 @@ def test_weights_digest_detects_a_single_bit(target):
         flat[0] ^= 1  # flip the lowest mantissa bit of one element
     assert model_digest(other) != model_digest(target)
     assert weights_digest([("a", torch.zeros(2))]) != weights_digest([("b", torch.zeros(2))])
+
+
+@pytest.mark.parametrize("queries", [1, 5])
+def test_half_precision_attention_matches_an_fp32_reference(queries):
+    """bf16 on CPU takes the grouped fp32 attention: as accurate as fp32 SDPA on the same inputs, and
+    a bf16 model's logits through the runner stay within bf16 rounding of its own fp32 copy."""
+    import torch.nn.functional as F
+
+    from specactor_engine.model_runner import grouped_attention_fp32
+
+    generator = torch.Generator().manual_seed(0)
+    R, H, H_kv, D, S = 3, 6, 2, 16, 40
+    q, k, v = (torch.randn(R, h, n, D, generator=generator).to(torch.bfloat16)
+               for h, n in ((H, queries), (H_kv, S), (H_kv, S)))
+    ends = torch.tensor([[20], [39 - queries + 1], [5]]) + torch.arange(queries)[None, :]
+    mask = (torch.arange(S)[None, None, :] <= ends[:, :, None])[:, None]
+    reference = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask, scale=D**-0.5,
+                                               enable_gqa=True)
+    assert torch.allclose(grouped_attention_fp32(q, k, v, mask, D**-0.5), reference, atol=1e-5)
+
+    model = make_tiny_model("qwen2", seed=4)
+    half = make_tiny_model("qwen2", seed=4, dtype=torch.bfloat16)
+    tokens = torch.randint(3, 200, (2, 12), generator=generator)
+    full = ModelRunner(model, num_slots=2, max_len=16).forward(tokens, torch.arange(2))
+    low = ModelRunner(half, num_slots=2, max_len=16).forward(tokens, torch.arange(2)).float()
+    assert (low - full).abs().max() < 0.1 * full.abs().max()
