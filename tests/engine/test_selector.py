@@ -58,3 +58,12 @@ def test_choices_are_per_request_and_forgotten_when_done():
     assert selector.choose(["x", "y"], 0.1) == ["a", "b"]
     selector.forget(["x"])
     assert all(key[0] != "x" for key in selector.arms)
+
+
+def test_chooses_only_among_the_methods_available_this_round():
+    """specactor mode: while the drafter workers are paused their method is not on offer."""
+    rng = random.Random(1)
+    selector = FastestOfNSelector(["decoupled", "suffix", "ngram"])
+    simulate(selector, {"decoupled": 3.0, "suffix": 1.0, "ngram": 0.2}, 60, rng)
+    assert selector.choose(["r"], 0.1) == ["decoupled"]
+    assert selector.choose(["r"], 0.1, methods=["suffix", "ngram"]) == ["suffix"]
