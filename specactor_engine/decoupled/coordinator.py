@@ -109,17 +109,7 @@ class DecoupledCoordinator:
 
     def _drain_control(self) -> None:
         """Between generate calls: take in `Ready` and `WeightsLoaded`; drafts of the last call are dropped."""
-        for index, worker in enumerate(self.workers):
-            try:
-                messages = worker.transport.drain()
-            except WorkerLost as exc:
-                self._lost(index, str(exc))
-                continue
-            for message in messages:
-                if isinstance(message, Ready):
-                    self._on_ready(index)
-                elif isinstance(message, WeightsLoaded):
-                    self._on_weights(index, message)
+        self._drain(take_drafts=False)
 
     def wait_ready(self, timeout_s: float = 120.0) -> bool:
         """Block until every worker has loaded its model, and the latest pushed weights if any
@@ -178,6 +168,10 @@ class DecoupledCoordinator:
     def poll(self) -> None:
         """Take in whatever every worker has sent; restart dead workers. Never waits."""
         assert self.buffers is not None
+        self._drain(take_drafts=True)
+
+    def _drain(self, take_drafts: bool) -> None:
+        """Every worker's messages: drafts into the buffers (when take_drafts), `Ready`, `WeightsLoaded`."""
         owned = self.worker_of != NO_WORKER
         for index, worker in enumerate(self.workers):
             try:
@@ -187,17 +181,17 @@ class DecoupledCoordinator:
                 continue
             for message in messages:
                 if isinstance(message, Drafts):
-                    if message.generation != self.generation:
-                        continue  # from an earlier generate call
+                    if not take_drafts or message.generation != self.generation:
+                        continue  # between calls, or from an earlier generate call
+                    assert self.buffers is not None
                     worker.busy_s += message.busy_s
                     worker.steps += 1
-                    mine = owned & (self.worker_of == index)
-                    self.buffers.ingest(message, mine)
+                    self.buffers.ingest(message, owned & (self.worker_of == index))
                 elif isinstance(message, Ready):
                     self._on_ready(index)
                 elif isinstance(message, WeightsLoaded):
                     self._on_weights(index, message)
-            if not worker.transport.alive():
+            if take_drafts and not worker.transport.alive():
                 self._lost(index, "process exited")
 
     def take(self, slots: np.ndarray, caps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
