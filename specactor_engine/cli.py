@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -258,16 +259,32 @@ def drafter_distill(
     batch_size: Annotated[int, typer.Option("--batch-size", min=1)] = 8,
     lr: Annotated[float, typer.Option("--lr", min=0.0)] = 3e-4,
     save_every: Annotated[int, typer.Option("--save-every", min=1, help="Save (and allow resuming) every N steps.")] = 50,
-    max_minutes: Annotated[float | None, typer.Option("--max-minutes", min=0.0, help="Stop after this long.")] = None,
+    max_minutes: Annotated[float | None, typer.Option(
+        "--max-minutes", min=0.0, help="Stop training after this long, counted from the start (sampling and "
+        "the teacher pass included).")] = None,
     samples: Annotated[int, typer.Option("--samples", min=1, help="Samples per prompt when --data holds prompts.")] = 4,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1, help="When rolling out prompts.")] = 256,
     seed: Annotated[int, typer.Option("--seed", min=0)] = 0,
+    soft_top_k: Annotated[int, typer.Option(
+        "--soft-top-k", min=0, help="Train on the target's top-k next-token distribution at every position "
+        "(one teacher-forced pass, cached in --out); 0: on the sampled tokens only.")] = 32,
+    draft_vocab: Annotated[int, typer.Option(
+        "--draft-vocab", min=0, help="Give the drafter a head over the N tokens the target uses most in the "
+        "data (saved as draft_vocab.json; drafting gets cheaper, output stays exact); 0: the full vocabulary.")] = 16384,
+    freeze_embeddings: Annotated[bool, typer.Option(
+        "--freeze-embeddings/--train-embeddings", help="Keep the (tied) embeddings fixed: faster steps.")] = True,
+    bf16_autocast: Annotated[bool, typer.Option(
+        "--bf16-autocast/--no-bf16-autocast", help="Teacher pass and training steps with bfloat16 matmuls "
+        "(weights and optimizer stay in --dtype): about 2x faster on CPUs with AVX-512 BF16.")] = True,
     cache_dir: CacheDirOption = None,
 ) -> None:
     """Distil a draft model from a target on its own samples (progress bar, resumable, HF output)."""
+    import torch
     from transformers import AutoTokenizer
 
-    from specactor_engine.drafter_training import STATE_FILE, DistillDataError, DistillSettings, distill, truncated_copy
+    from specactor_engine.draft_vocab import SubsetHead, choose_draft_vocab, install_subset_head
+    from specactor_engine.drafter_training import (STATE_FILE, DistillDataError, DistillSettings, distill,
+                                                   load_or_compute_teacher, truncated_copy)
     from specactor_engine.drafters.model import check_same_tokenizer
     from specactor_engine.model_runner import load_hf_model
     from specactor_engine.models import resolve_model
@@ -287,17 +304,44 @@ def drafter_distill(
             model = load_hf_model(init_path, dtype)
         else:
             model = truncated_copy(target_model, int(init_layers or 0))
+        started = time.monotonic()
+        autocast = torch.bfloat16 if bf16_autocast and dtype == "float32" else None
         pairs = _distill_pairs(data, out, target_model, tokenizer, samples, max_new_tokens, seed)
+        soft = None
+        if soft_top_k > 0:
+            with _progress() as progress:
+                task = progress.add_task("target top-k", total=len(pairs), loss=float("nan"))
+                soft = load_or_compute_teacher(out, target_model, pairs, soft_top_k, autocast=autocast,
+                                               on_batch=lambda done: progress.update(task, completed=done))
+        vocab = model.lm_head.weight.shape[0]
+        if draft_vocab and draft_vocab < vocab and not isinstance(model.lm_head, SubsetHead):
+            masses = [(ids, values.float().exp()) for ids, values in soft] if soft is not None else \
+                [(torch.tensor(o), torch.ones(len(o))) for _, o in pairs]
+            ids = choose_draft_vocab(masses, [p for p, _ in pairs], draft_vocab, vocab,
+                                     always=_special_ids(tokenizer))
+            install_subset_head(model, ids)
+            console.print(f"draft head over {len(ids)} of {vocab} tokens", highlight=False)
+        # the time budget covers the whole command: sampling and the teacher pass count against it
+        budget = max_minutes * 60 - (time.monotonic() - started) if max_minutes is not None else None
         settings = DistillSettings(steps=steps, batch_size=batch_size, lr=lr, save_every=save_every, seed=seed,
-                                   max_seconds=max_minutes * 60 if max_minutes is not None else None)
+                                   max_seconds=max(budget, 0.0) if budget is not None else None,
+                                   freeze_embeddings=freeze_embeddings, autocast=autocast)
         with _progress() as progress:
             task = progress.add_task("distilling", total=steps, loss=float("nan"))
-            result = distill(model, tokenizer, pairs, out, settings,
+            result = distill(model, tokenizer, pairs, out, settings, soft=soft,
                              on_step=lambda step, loss: progress.update(task, completed=step, loss=loss))
     first, last = result["loss_first"], result["loss_last"]
     console.print(f"drafter saved to {out} after {result['steps']} steps "
                   f"({result['trained_steps']} now, {result['seconds']:.0f} s"
                   + (f", loss {first:.3f} -> {last:.3f}" if first is not None else "") + ")", highlight=False)
+
+
+def _special_ids(tokenizer: object) -> list[int]:
+    """Token ids a drafter head must always cover (end of sequence and the other special tokens)."""
+    ids = set(getattr(tokenizer, "all_special_ids", []) or [])
+    if getattr(tokenizer, "eos_token_id", None) is not None:
+        ids.add(tokenizer.eos_token_id)
+    return sorted(ids)
 
 
 def _distill_pairs(data: Path, out: Path, target_model: object, tokenizer: object, samples: int,

@@ -19,12 +19,13 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
 
-from specactor_engine.distill import Distiller
+from specactor_engine.distill import Distiller, SoftTargets, pad_batch
+from specactor_engine.draft_vocab import SubsetHead, save_draft_vocab
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +36,9 @@ class DistillDataError(ValueError):
     """The data file is neither rollout records nor prompts (message names file and line)."""
 
 
+TEACHER_FILE = "teacher_topk.pt"
+
+
 @dataclass(frozen=True)
 class DistillSettings:
     steps: int = 200
@@ -43,6 +47,49 @@ class DistillSettings:
     save_every: int = 50
     max_seconds: float | None = None
     seed: int = 0
+    freeze_embeddings: bool = False
+    autocast: torch.dtype | None = None  # mixed precision for the forward/backward (weights stay in their dtype)
+
+
+@torch.no_grad()
+def teacher_topk(target: nn.Module, pairs: Sequence[tuple[list[int], list[int]]], k: int, batch_size: int = 8,
+                 on_batch: Callable[[int], None] | None = None,
+                 autocast: torch.dtype | None = None) -> list[SoftTargets]:
+    """The target's top-k next-token (ids int32 [L, k], log-probs fp16 [L, k]) at each output position.
+
+    One teacher-forced forward per batch; on_batch(samples_done) reports progress.
+    """
+    target.eval()
+    device = next(target.parameters()).device
+    out: list[SoftTargets] = []
+    for start in range(0, len(pairs), batch_size):
+        chunk = pairs[start : start + batch_size]
+        ids, attention, where = pad_batch(chunk, device)
+        with torch.autocast(device.type, dtype=autocast or torch.bfloat16, enabled=autocast is not None):
+            hidden = target.model(input_ids=ids, attention_mask=attention).last_hidden_state
+            for row in range(len(chunk)):
+                log_p = target.lm_head(hidden[row][where[row]]).float().log_softmax(dim=-1)
+                values, indices = log_p.topk(min(k, log_p.shape[-1]), dim=-1)
+                out.append((indices.to(torch.int32).cpu(), values.to(torch.float16).cpu()))
+        if on_batch is not None:
+            on_batch(start + len(chunk))
+    return out
+
+
+def load_or_compute_teacher(out: Path, target: nn.Module, pairs: Sequence[tuple[list[int], list[int]]], k: int,
+                            on_batch: Callable[[int], None] | None = None,
+                            autocast: torch.dtype | None = None) -> list[SoftTargets]:
+    """Soft targets for `pairs`, cached in out/teacher_topk.pt so a resumed run does not recompute them."""
+    path = out / TEACHER_FILE
+    if path.exists():
+        cached = torch.load(path, weights_only=True)
+        if len(cached) == len(pairs) and all(len(t[0]) == len(o) for t, (_, o) in zip(cached, pairs)):
+            return cached
+        logger.warning("%s does not match the samples; recomputing", path)
+    soft = teacher_topk(target, pairs, k, on_batch=on_batch, autocast=autocast)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.save(soft, path)
+    return soft
 
 
 def truncated_copy(target: nn.Module, num_layers: int) -> nn.Module:
@@ -84,15 +131,20 @@ def read_rollout_records(path: Path) -> list[tuple[list[int], list[int]]] | None
 
 
 def distill(model: nn.Module, tokenizer: Any, pairs: list[tuple[list[int], list[int]]], out: Path,
-            settings: DistillSettings, on_step: Callable[[int, float], None] | None = None) -> dict[str, Any]:
+            settings: DistillSettings, on_step: Callable[[int, float], None] | None = None,
+            soft: Sequence[SoftTargets] | None = None) -> dict[str, Any]:
     """Train `model` on `pairs`, saving to `out` every `save_every` steps and at the end; resumes from `out`.
 
-    on_step(step, loss) is called after every step (progress bars).
+    soft: the target's top-k per output position of each pair (`teacher_topk`), or None for
+    hard labels. on_step(step, loss) is called after every step (progress bars).
     """
-    usable = [(p, o) for p, o in pairs if o]
+    keep = [i for i, (_, o) in enumerate(pairs) if o]
+    usable = [pairs[i] for i in keep]
     if not usable:
         raise DistillDataError("no sample with output tokens to train on")
-    distiller = Distiller(model, settings.lr, settings.seed)
+    soft_usable = [soft[i] for i in keep] if soft is not None else None
+    distiller = Distiller(model, settings.lr, settings.seed, freeze_embeddings=settings.freeze_embeddings,
+                          autocast=settings.autocast)
     state_path = out / STATE_FILE
     if state_path.exists():
         distiller.load_state_dict(torch.load(state_path, weights_only=False))
@@ -103,7 +155,7 @@ def distill(model: nn.Module, tokenizer: Any, pairs: list[tuple[list[int], list[
             if settings.max_seconds is not None and time.perf_counter() - started > settings.max_seconds:
                 logger.info("time budget reached at step %d", distiller.steps)
                 break
-            losses.append(distiller.step(usable, settings.batch_size))
+            losses.append(distiller.step(usable, settings.batch_size, soft_usable))
             if on_step is not None:
                 on_step(distiller.steps, losses[-1])
             if distiller.steps % settings.save_every == 0:
@@ -119,6 +171,8 @@ def save(model: nn.Module, tokenizer: Any, distiller: Distiller, out: Path) -> N
     """The model as an HF directory, then the trainer state (written last: it marks a complete save)."""
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
+    if isinstance(model.lm_head, SubsetHead):
+        save_draft_vocab(out, model.lm_head.token_ids)
     if tokenizer is not None:
         tokenizer.save_pretrained(out)
     tmp = out / (STATE_FILE + ".tmp")

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specactor_engine.draft_vocab import install_subset_head, load_draft_vocab
 from specactor_engine.kv_cache import KVCache
 
 logger = logging.getLogger(__name__)
@@ -74,6 +75,9 @@ def load_hf_model(path: str | Path, dtype: str, device: str = "cpu") -> nn.Modul
             f"supported families: {', '.join(SUPPORTED_MODEL_TYPES)}"
         )
     model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], attn_implementation="sdpa")
+    draft_vocab = load_draft_vocab(path)
+    if draft_vocab is not None:  # a drafter trained with a head over part of the vocabulary
+        install_subset_head(model, draft_vocab)
     return model.to(device).eval().requires_grad_(False)
 
 

@@ -22,3 +22,33 @@ def test_distillation_raises_acceptance_on_the_targets_own_samples():
     assert metrics["distill_loss_last"] < metrics["distill_loss_first"]
     assert after > before + 0.2
     assert not any(p.requires_grad for p in drafter.runner.model.parameters())
+
+
+def test_soft_targets_bring_the_drafter_closer_to_the_target_than_sampled_tokens():
+    """Same samples, same steps: the target's top-k distributions teach more than its samples alone."""
+    from specactor_engine.distill import Distiller, pad_batch
+    from specactor_engine.drafter_training import teacher_topk
+
+    target = make_tiny_model("llama", seed=0, init_range=0.5)
+    requests = ragged_requests(8, seed=9)
+    rollouts = run(target, requests, sampling(1.0, max_new_tokens=16, ignore_eos=True)).outputs
+    pairs = [(o.prompt_token_ids, o.token_ids) for o in rollouts]
+    soft = teacher_topk(target, pairs, k=8)
+    assert [len(ids) for ids, _ in soft] == [len(o) for _, o in pairs]
+
+    def kl_to_target(draft: torch.nn.Module) -> float:
+        ids, attention, where = pad_batch(pairs, torch.device("cpu"))
+        with torch.no_grad():
+            log_p = target(input_ids=ids, attention_mask=attention).logits[where].log_softmax(-1)
+            log_q = draft(input_ids=ids, attention_mask=attention).logits[where].log_softmax(-1)
+        return float((log_p.exp() * (log_p - log_q)).sum(-1).mean())
+
+    results = {}
+    for name, targets in (("hard", None), ("soft", soft)):
+        draft = make_tiny_model("llama", seed=1, num_layers=1)
+        distiller = Distiller(draft, lr=3e-3, seed=0)
+        for _ in range(40):
+            distiller.step(pairs, 8, targets)
+        distiller.finish()
+        results[name] = kl_to_target(draft)
+    assert results["soft"] < 0.8 * results["hard"], results

@@ -10,7 +10,8 @@ import torch
 from typer.testing import CliRunner
 
 from specactor_engine.cli import app
-from specactor_engine.drafter_training import STATE_FILE, truncated_copy
+from specactor_engine.draft_vocab import SubsetHead
+from specactor_engine.drafter_training import STATE_FILE, TEACHER_FILE, truncated_copy
 from specactor_engine.model_runner import load_hf_model
 from tests.fixtures.tiny_models import make_tiny_model, save_tiny_model
 
@@ -82,3 +83,23 @@ def test_truncated_copy_keeps_the_targets_first_layers():
     assert len(draft.model.layers) == 2 and draft.config.num_hidden_layers == 2
     assert target.config.num_hidden_layers == 3  # the target is untouched
     assert torch.equal(draft.model.layers[1].mlp.up_proj.weight, target.model.layers[1].mlp.up_proj.weight)
+
+
+def test_soft_targets_and_a_draft_vocabulary_are_saved_and_resumed(target_dir: Path, tmp_path: Path):
+    records = tmp_path / "rollouts.jsonl"
+    records.write_text("".join(json.dumps({"prompt_token_ids": [5, 6, 7], "token_ids": [8, 9, 10, 11, i]}) + "\n"
+                               for i in range(4)))
+    out = tmp_path / "drafter"
+    args = ("--init-layers", "1", "--soft-top-k", "4", "--draft-vocab", "24", "--steps", "2")
+    result = runner.invoke(app, distill_args(target_dir, records, out, *args))
+    assert result.exit_code == 0, result.output
+    assert "draft head over 24 of" in " ".join(result.output.split())
+    soft = torch.load(out / TEACHER_FILE, weights_only=True)
+    assert [tuple(ids.shape) for ids, _ in soft] == [(5, 4)] * 4  # 5 output positions, top-4 each
+    drafter = load_hf_model(out, "float32")
+    assert isinstance(drafter.lm_head, SubsetHead) and len(drafter.lm_head.token_ids) == 24
+    chosen = set(drafter.lm_head.token_ids.tolist())
+    assert {5, 6, 7}.issubset(chosen)  # prompt tokens count towards the choice
+    resumed = runner.invoke(app, distill_args(target_dir, records, out, "--steps", "3"))
+    assert resumed.exit_code == 0, resumed.output
+    assert set(load_hf_model(out, "float32").lm_head.token_ids.tolist()) == chosen  # kept, not re-chosen
