@@ -6,7 +6,8 @@ verifier decodes on fewer threads, with them paused it decodes plainly on all of
 core), on acceptance and on the context length, all of which change as the rollout goes on.
 `DecouplingPolicy` measures instead of guessing: it runs each arm for `explore_rounds` rounds,
 then the faster one (tokens per second, measured) for `exploit_rounds` rounds, then explores
-again. The first `warmup_rounds` of an explored arm are not measured: a drafter resumed after a
+again. Exploring the losing arm costs time, so each time the same arm wins again its exploit
+period doubles (up to `max_exploit_rounds`); a change of winner resets it. The first `warmup_rounds` of an explored arm are not measured: a drafter resumed after a
 pause first catches up on the tokens committed meanwhile. A pure policy over observations,
 unit-tested on its own.
 """
@@ -25,15 +26,18 @@ class DecouplingPolicy:
     exploit_rounds: int = 64
     warmup_rounds: int = 3  # first rounds of an explored arm not measured (a resumed drafter catches up)
     margin: float = 0.03  # prefer decoupled only when faster by this much (it costs a process)
+    max_exploit_rounds: int = 512
     arm: str = DECOUPLED
     rounds_in_arm: int = 0
     exploring: bool = True
     measured: dict[str, tuple[int, float]] = field(default_factory=dict)  # arm -> (tokens, seconds) this cycle
     history: list[str] = field(default_factory=list)
+    exploit_limit: int = 0  # the current exploit period (0: not set yet, starts at exploit_rounds)
+    last_winner: str | None = None
 
     def choose(self) -> str:
         """The arm for the next round."""
-        limit = self.explore_rounds if self.exploring else self.exploit_rounds
+        limit = self.explore_rounds if self.exploring else self.exploit_limit
         if self.rounds_in_arm >= limit:
             self._advance()
         self.rounds_in_arm += 1
@@ -64,3 +68,6 @@ class DecouplingPolicy:
         better = decoupled is not None and (solo is None or decoupled > (1 + self.margin) * solo)
         self.arm = DECOUPLED if better else SOLO
         self.exploring = False
+        repeated = self.arm == self.last_winner
+        self.exploit_limit = min(2 * self.exploit_limit, self.max_exploit_rounds) if repeated else self.exploit_rounds
+        self.last_winner = self.arm

@@ -43,3 +43,13 @@ def test_warmup_rounds_of_an_arm_are_not_measured():
         arm = policy.choose()
         policy.observe(arm, 60, 1.0)
     assert policy.choose() == DECOUPLED
+
+
+def test_the_exploit_period_doubles_while_the_same_arm_keeps_winning_and_resets_on_a_change():
+    policy = DecouplingPolicy(explore_rounds=2, exploit_rounds=4, max_exploit_rounds=10, warmup_rounds=0)
+    arms = drive(policy, {DECOUPLED: 60, SOLO: 100}, 4 + 4 + 4 + 8 + 4 + 10)
+    exploits = "".join("d" if a == DECOUPLED else "s" for a in arms)
+    assert exploits == "dd" "ss" "ssss" "dd" "ss" "ssssssss" "dd" "ss" "ssssssssss"  # 4, then 8, then capped at 10
+    # the drafter starts to pay: the next exploration switches arms and the period starts over at 4
+    arms = drive(policy, {DECOUPLED: 150, SOLO: 100}, 4 + 4)
+    assert arms == [DECOUPLED] * 2 + [SOLO] * 2 + [DECOUPLED] * 4
