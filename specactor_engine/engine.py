@@ -77,7 +77,7 @@ class Engine:
                  chat_template: bool = True, drafters: Sequence[Drafter] = (), check_invariants: bool = False,
                  verify_length: str = "fixed", cost_table: CostTable | CostProfile | None = None,
                  coordinator: DecoupledCoordinator | None = None, verifier_threads: int | None = None,
-                 dynamic_decoupling: bool = False, selection: str = "cascade") -> None:
+                 dynamic_decoupling: bool = False, selection: str = "cascade", combine_below: int = 0) -> None:
         self.tokenizer = tokenizer
         self.mode = mode
         self.num_draft_tokens = num_draft_tokens if mode != "ar" else 0
@@ -107,6 +107,12 @@ class Engine:
         if selection not in ("cascade", "fastest_of_n"):
             raise ValueError(f"selection must be 'cascade' or 'fastest_of_n', got {selection!r}")
         self.selection = selection
+        if combine_below < 0:
+            raise ValueError(f"combine_below must be >= 0, got {combine_below}")
+        # combination: with Fastest-of-N, several in-process drafters and position-keyed acceptance,
+        # rounds with at most this many rows also verify a second method's candidate per row
+        combinable = selection == "fastest_of_n" and len(self.drafters) > 1 and acceptance_rule == "position_keyed"
+        self.combine_below = combine_below if combinable else 0
         self.check_invariants = check_invariants
         if verify_length not in ("fixed", "dynamic"):
             raise ValueError(f"verify_length must be 'fixed' or 'dynamic', got {verify_length!r}")
@@ -149,7 +155,7 @@ class Engine:
                    drafters=drafters, verify_length=config.rollout.verify_length, coordinator=coordinator,
                    verifier_threads=verifier_threads,
                    dynamic_decoupling=coordinator is not None and config.rollout.decoupled.dynamic,
-                   selection=config.rollout.selection)
+                   selection=config.rollout.selection, combine_below=config.rollout.combine_below)
         if coordinator is not None and worker_spec is not None:
             engine.worker_drafter = WorkerDrafterSync(coordinator, worker_spec.model_path, worker_spec.dtype)
         return engine
@@ -236,7 +242,8 @@ class Engine:
         num_slots = max(1, min(self.max_batch_size, len(sequences)))
         longest = max((len(s.prompt_ids) for s in sequences), default=1) + sampling.max_new_tokens
         max_len = min(self.max_model_len, longest) + self.num_draft_tokens + 1
-        self.runner.allocate(num_slots, max_len)
+        # scratch slots after the real ones (target cache only) hold the combination candidates
+        self.runner.allocate(num_slots + min(self.combine_below, num_slots), max_len)
         for drafter in self.drafters:
             drafter.allocate(num_slots, max_len)
         return num_slots, max_len
@@ -326,6 +333,9 @@ class _Run:
         # dynamic decoupling: phases with the workers drafting, or paused with every thread verifying
         self.phase = DecouplingPolicy() if self.coordinator is not None and engine.dynamic_decoupling else None
         self.arm = DECOUPLED
+        # combination: target-cache slots past the real ones, one per candidate (see _verify_candidates)
+        self.scratch = torch.arange(num_slots, num_slots + min(engine.combine_below, num_slots))
+        self.own_accepted: torch.Tensor | None = None  # [R] each row's own method's acceptance this round
 
     def decode(self, sequences: list[_Sequence], progress: Callable[[int, int], None] | None = None) -> None:
         pending = deque(sequences)
@@ -396,10 +406,19 @@ class _Run:
             proposal, sources = self._propose_mixed(slots, caps, workers_on=arm != SOLO)
         draft_s = time.perf_counter() - started
         self.stats.draft_s += draft_s
+        self.own_accepted = None
+        candidates = None
+        if len(self.scratch) and len(slots) <= self.engine.combine_below and self.chosen is not None:
+            started = time.perf_counter()
+            candidates = self._candidates(slots, caps, proposal, sources)
+            self.stats.draft_s += time.perf_counter() - started
         started = time.perf_counter()
-        last = self.state.tokens[slots, self.state.lengths[slots] - 1]
-        inputs = torch.cat([last[:, None], proposal.token_ids], dim=1)  # [R, k+1]
-        logits = self.runner.forward(inputs, slots, proposal.num_tokens + 1)  # [R, k+1, V]
+        if candidates is None:
+            last = self.state.tokens[slots, self.state.lengths[slots] - 1]
+            inputs = torch.cat([last[:, None], proposal.token_ids], dim=1)  # [R, k+1]
+            logits = self.runner.forward(inputs, slots, proposal.num_tokens + 1)  # [R, k+1, V]
+        else:
+            logits, proposal, sources = self._verify_candidates(slots, proposal, sources, *candidates)
         self.stats.verify_s += time.perf_counter() - started
         self.stats.verify_rounds += 1
         self.stats.row_rounds += len(slots)
@@ -408,8 +427,10 @@ class _Run:
             drafted = caps > 0
             keys = self.state.seq_keys[slots][drafted].tolist()
             methods = [m for m, d in zip(self.chosen, drafted.tolist()) if d]
+            # credit each row's chosen method with its own drafts' acceptance (not a winning candidate's);
             # a row whose method drafted nothing (the workers filled in) counts as nothing accepted for it
-            credited = num_accepted if self.fallback is None else torch.where(self.fallback, 0, num_accepted)
+            own = num_accepted if self.own_accepted is None else self.own_accepted
+            credited = own if self.fallback is None else torch.where(self.fallback, 0, own)
             self.selector.observe(keys, methods, credited[drafted].tolist())
         if policy is not None:
             k = int(caps.max()) if len(caps) else 0
@@ -523,6 +544,94 @@ class _Run:
         for row in rows.tolist():
             sources[row] = workers
         return merged, sources
+
+    # ------------------------------------------------------------------ combination (the tail)
+    def _candidates(self, slots: torch.Tensor, caps: torch.Tensor, proposal: DraftProposal,
+                    sources: list[str | None]) -> tuple[torch.Tensor, DraftProposal, list[str]] | None:
+        """Second candidates from the other in-process methods for rows of this round.
+
+        Returns (rows [E] into `slots`, their candidates [E, k], each candidate's method), at most
+        one per row and one per scratch slot, or None. A candidate that is a prefix of the row's
+        own draft gains nothing and is dropped; a row whose own method drafted nothing simply
+        takes the candidate as its draft (no second row needed).
+        """
+        open_rows = (caps > 0).nonzero().flatten().tolist()
+        found: dict[int, tuple[torch.Tensor, int, str]] = {}
+        for drafter in self.engine.drafters:
+            rows = [r for r in open_rows if r not in found and sources[r] != drafter.name]
+            if not rows:
+                continue
+            picked = torch.tensor(rows)
+            started = time.perf_counter()
+            offer = drafter.propose(self.state, DraftRequest(slots[picked], caps[picked], self.params,
+                                                             coupled_noise=True))
+            if self.selector is not None:
+                self.selector.observe_cost(drafter.name, time.perf_counter() - started, len(rows))
+            for i, row in enumerate(rows):
+                n = int(offer.num_tokens[i])
+                if n == 0:
+                    continue
+                own = int(proposal.num_tokens[row])
+                tokens = offer.token_ids[i, :n]
+                if n <= own and torch.equal(tokens, proposal.token_ids[row, :n]):
+                    continue  # a prefix of the row's own draft
+                if own == 0:  # nothing of its own: the candidate becomes the row's draft
+                    width = min(n, proposal.token_ids.shape[1])
+                    proposal.token_ids[row, :width] = tokens[:width]
+                    proposal.num_tokens[row] = width
+                    sources[row] = drafter.name
+                    if self.fallback is None:  # not the chosen method's drafts: no credit for it
+                        self.fallback = torch.zeros(len(slots), dtype=torch.bool)
+                    self.fallback[row] = True
+                    continue
+                found[row] = (tokens, n, drafter.name)
+        rows = sorted(found)[: len(self.scratch)]
+        if not rows:
+            return None
+        k = proposal.token_ids.shape[1]
+        offers = DraftProposal(torch.zeros(len(rows), k, dtype=torch.long), torch.zeros(len(rows), dtype=torch.long))
+        for i, row in enumerate(rows):
+            tokens, n, _ = found[row]
+            n = min(n, k)
+            offers.token_ids[i, :n], offers.num_tokens[i] = tokens[:n], n
+        return torch.tensor(rows), offers, [found[row][2] for row in rows]
+
+    def _verify_candidates(self, slots: torch.Tensor, proposal: DraftProposal, sources: list[str | None],
+                           rows: torch.Tensor, offers: DraftProposal, methods: list[str]
+                           ) -> tuple[torch.Tensor, DraftProposal, list[str | None]]:
+        """One target forward over the rows' own drafts and the candidates; each row keeps the
+        longer accepted continuation. Returns the rows' (logits [R, k+1, V], drafts, sources).
+
+        A candidate runs on a scratch slot holding a copy of its row's KV prefix. Acceptance is
+        position-keyed: along either path, accepted tokens are exactly what plain decoding would
+        emit, so keeping the longer path is exact. The winner's new KV entries are copied back.
+        """
+        R, E = len(slots), len(rows)
+        scratch = self.scratch[:E]
+        owners = slots[rows]
+        kv_lengths = self.runner.lengths[owners].clone()
+        self.runner.cache.copy_prefix(owners, scratch, kv_lengths)
+        last = self.state.tokens[slots, self.state.lengths[slots] - 1]
+        drafts = torch.cat([proposal.token_ids, offers.token_ids])  # [R + E, k]
+        num = torch.cat([proposal.num_tokens, offers.num_tokens])
+        inputs = torch.cat([torch.cat([last, last[rows]])[:, None], drafts], dim=1)
+        logits = self.runner.forward(inputs, torch.cat([slots, scratch]), num + 1)  # [R + E, k+1, V]
+        accepted, _ = self._choose(torch.cat([slots, owners]), logits, drafts, num, None)
+        self.own_accepted = accepted[:R].clone()
+        if self.selector is not None:  # the tail's spare capacity buys statistics for the other methods
+            self.selector.observe(self.state.seq_keys[owners].tolist(), methods, accepted[R:].tolist())
+        wins = (accepted[R:] > accepted[rows]).nonzero().flatten()
+        self.stats.candidate_rows += E
+        self.stats.candidate_wins += len(wins)
+        pick = torch.arange(R)  # which verified row's logits each row keeps
+        for i in wins.tolist():
+            row, start, count = int(rows[i]), int(kv_lengths[i]), int(accepted[R + i]) + 1
+            self.runner.cache.copy_range(int(scratch[i]), int(slots[row]), start, count)
+            pick[row] = R + i
+            proposal.token_ids[row], proposal.num_tokens[row] = offers.token_ids[i], offers.num_tokens[i]
+            sources[row] = methods[i]
+        self.runner.set_lengths(scratch, torch.zeros_like(scratch))
+        return logits[pick], proposal, sources
 
     def _take(self, slots: torch.Tensor, caps: torch.Tensor) -> tuple[DraftProposal, list[str | None]]:
         """Decoupled: whatever drafts have streamed in for these rows, up to their caps; never waits."""

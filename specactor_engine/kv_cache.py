@@ -59,3 +59,10 @@ class KVCache:
             keys[dst, :upto] = keys[src, :upto]
             values[dst, :upto] = values[src, :upto]
         self.lengths[dst] = length
+
+    def copy_range(self, src: int, dst: int, start: int, count: int) -> None:
+        """Copy positions [start, start + count) of slot `src` into slot `dst` (a verified candidate's
+        new entries; lengths are not changed)."""
+        for keys, values in zip(self.keys, self.values):
+            keys[dst, start : start + count] = keys[src, start : start + count]
+            values[dst, start : start + count] = values[src, start : start + count]

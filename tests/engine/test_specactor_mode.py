@@ -69,3 +69,33 @@ def test_paused_workers_phase_still_drafts_in_process_and_is_exact(target, noisy
 def test_specactor_needs_a_draft_source(target):  # noqa: F811
     with pytest.raises(ValueError, match="needs drafters"):
         specactor_engine(target, [])
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_combined_candidates_are_exact_and_the_longer_path_wins(target, temperature):  # noqa: F811
+    """Every round verifies a second method's candidate per row beside the row's own drafts.
+
+    With a random small LM and the target itself as drafters, a row whose own method is the
+    random LM is beaten by the target's candidate (accepted in full), so wins must happen, and
+    the KV copied back from the scratch slot must leave every later round exact.
+    """
+    params = sampling(temperature, n=2, max_new_tokens=30, ignore_eos=True)
+    reference = token_ids(run(target, ragged_requests(6), params))
+    drafters = [make_drafter(kind, target, torch.float64) for kind in ("model", "self")]
+    result = specactor_engine(target, drafters, combine_below=16).generate(ragged_requests(6), params)
+    assert token_ids(result) == reference
+    stats = result.stats
+    assert stats.candidate_rows > 0 and 0 < stats.candidate_wins <= stats.candidate_rows, stats
+    # without combination the same run is exact too, and accepts less per round
+    plain = specactor_engine(target, drafters).generate(ragged_requests(6), params)
+    assert token_ids(plain) == reference and plain.stats.candidate_rows == 0
+    assert stats.mean_acceptance_length > plain.stats.mean_acceptance_length
+
+
+def test_combination_needs_position_keyed_acceptance_and_several_drafters(target):  # noqa: F811
+    drafters = [make_drafter(kind, target, torch.float64) for kind in ("model", "ngram")]
+    assert specactor_engine(target, drafters, combine_below=8).combine_below == 8
+    assert specactor_engine(target, drafters, combine_below=8, acceptance_rule="rejection").combine_below == 0
+    assert specactor_engine(target, drafters[:1], combine_below=8).combine_below == 0
+    with pytest.raises(ValueError, match="combine_below"):
+        specactor_engine(target, drafters, combine_below=-1)
