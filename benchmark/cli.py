@@ -1,6 +1,6 @@
 """The `bench` command: run systems side by side on a trace and write results.json / results.md.
 
-    python -m benchmark --trace A --systems hf,ar,coupled,oracle --repeats 3 --out bench/A
+    python -m benchmark --trace A --systems hf,ar,coupled,specactor,oracle --repeats 3 --out bench/A
 
 `bench` is also importable for registering as `specactor bench`.
 """
@@ -49,7 +49,8 @@ def command_line() -> str:
 def bench(
     out: Annotated[Path, typer.Option("--out", help="Output directory (results.json, results.md, runs/).")],
     trace_name: Annotated[str, typer.Option("--trace", help=f"One of {', '.join(TRACES)}.")] = "quick",
-    systems: Annotated[str, typer.Option("--systems", help="Comma-separated systems.")] = "hf,ar,coupled,oracle",
+    systems: Annotated[str, typer.Option(
+        "--systems", help="Comma-separated systems.")] = "hf,ar,coupled,specactor,oracle",
     repeats: Annotated[int, typer.Option("--repeats", min=1, help="Runs per system, interleaved.")] = 1,
     model: Annotated[str | None, typer.Option("--model", help="qwen-pair | smollm2 | TARGET[:DRAFTER].")] = None,
     dtype: Annotated[str | None, typer.Option("--dtype", help="Override the trace's dtype.")] = None,

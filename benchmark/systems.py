@@ -5,7 +5,7 @@ caller and kept out of the makespan) and then generates a trace's requests. Ever
 emits the same thing, a `Generation`, and marks each sequence's finish on a `FinishClock`,
 so tail time, identity to `ar` and tokens/s are computed the same way for all.
 
-New systems (`vllm`, `vllm-spec`, `decoupled`, `specactor`) are one `@register_system` each.
+New systems (`vllm`, `vllm-spec`, `decoupled`, `specactor`, `coupled-suffix`) are one `@register_system` each.
 """
 
 from __future__ import annotations
@@ -305,6 +305,34 @@ class CoupledDynamicEngine(CoupledEngine):
         self.engine.prepare_length_policy(requests, sampling)
 
 
+@register_system("coupled-suffix")
+class CoupledSuffixEngine(CoupledDynamicEngine):
+    """The suffix drafter alone (prompt, group siblings, earlier rollouts), dynamic verify length:
+    a single-drafter baseline for `specactor`."""
+
+    def _drafters(self, spec: RunSpec, model: torch.nn.Module, tokenizer: Any) -> list[Drafter]:
+        from specactor_engine.config import SuffixDrafterConfig
+        from specactor_engine.drafters import DrafterContext, build_drafter
+
+        context = DrafterContext(device="cpu", dtype=spec.dtype, target_tokenizer=tokenizer,
+                                 target_vocab_size=model.config.vocab_size)
+        return [build_drafter(SuffixDrafterConfig(), context)]
+
+
+@register_system("coupled-ngram")
+class CoupledNgramEngine(CoupledDynamicEngine):
+    """The n-gram drafter alone, dynamic verify length: a single-drafter baseline for `specactor`
+    (on traces without a draft model `coupled-dynamic` is the same system)."""
+
+    def _drafters(self, spec: RunSpec, model: torch.nn.Module, tokenizer: Any) -> list[Drafter]:
+        from specactor_engine.config import NgramDrafterConfig
+        from specactor_engine.drafters import DrafterContext, build_drafter
+
+        context = DrafterContext(device="cpu", dtype=spec.dtype, target_tokenizer=tokenizer,
+                                 target_vocab_size=model.config.vocab_size)
+        return [build_drafter(NgramDrafterConfig(), context)]
+
+
 def _start_drafter_worker(spec: RunSpec, vocab_size: int) -> Any:
     """One drafter worker process (1 thread) on the trace's draft model; returns its coordinator once ready."""
     from specactor_engine.decoupled.coordinator import DecoupledCoordinator
@@ -357,6 +385,9 @@ class DecoupledEngine(EngineSystem):
             self.coordinator.close()
 
 
+COMBINE_BELOW = 8  # the config's default (rollout.combine_below)
+
+
 @register_system("specactor")
 class SpecActorEngine(DecoupledEngine):
     """Mode specactor: per request, Fastest-of-N over the suffix and n-gram drafters (in process)
@@ -374,7 +405,8 @@ class SpecActorEngine(DecoupledEngine):
         self.engine = Engine(model, tokenizer, mode=self.mode, num_draft_tokens=spec.num_draft_tokens,
                              max_batch_size=spec.max_batch_size or ALL_AT_ONCE, verify_length="dynamic",
                              coordinator=self.coordinator, verifier_threads=max(spec.threads - 1, 1) if decoupled
-                             else None, dynamic_decoupling=decoupled, drafters=self._drafters(spec, model, tokenizer))
+                             else None, dynamic_decoupling=decoupled, drafters=self._drafters(spec, model, tokenizer),
+                             combine_below=COMBINE_BELOW)
 
     def _drafters(self, spec: RunSpec, model: torch.nn.Module, tokenizer: Any) -> list[Drafter]:
         from specactor_engine.config import NgramDrafterConfig, SuffixDrafterConfig

@@ -140,7 +140,7 @@ class DecoupledConfig(_Frozen):
 class RolloutConfig(_Frozen):
     """How the engine decodes: mode, speculation length, acceptance rule and drafters."""
 
-    mode: RolloutMode = Field("coupled", description="'ar': no speculation; 'coupled': draft then verify; "
+    mode: RolloutMode = Field("specactor", description="'ar': no speculation; 'coupled': draft then verify; "
                               "'decoupled': drafter worker processes stream drafts, the verifier never waits; "
                               "'specactor': Fastest-of-N per request over rollout.drafters (in process) and, when "
                               "rollout.decoupled.drafter is set, the workers' streamed drafts; dynamic verify length.")
@@ -156,12 +156,17 @@ class RolloutConfig(_Frozen):
     )
     max_batch_size: int = Field(256, ge=1, description="Rows decoded at once.")
     drafters: list[DrafterConfig] = Field(
-        default_factory=lambda: [NgramDrafterConfig()], description="Draft methods used by speculative modes."
+        default_factory=lambda: [SuffixDrafterConfig(), NgramDrafterConfig()],
+        description="Draft methods used by speculative modes."
     )
     selection: Literal["cascade", "fastest_of_n"] = Field(
         "cascade", description="How coupled mode uses several drafters: 'cascade' (in order, each for the rows still "
         "without drafts) or 'fastest_of_n' (per request, the drafter with the most expected tokens per second, "
         "from live acceptance and cost).")
+    combine_below: int = Field(
+        8, ge=0, description="Combination (Fastest-of-N with several in-process drafters, position-keyed "
+        "acceptance): rounds with at most this many rows (the tail, where the verifier has spare capacity) also "
+        "verify a second method's draft per row in the same forward and keep the longer accepted one; 0: never.")
     decoupled: DecoupledConfig = Field(default_factory=DecoupledConfig, description="Settings of mode 'decoupled'.")
 
     @field_validator("drafters")

@@ -1,7 +1,7 @@
 """The benchmark harness end to end on tiny random models (no timing assertions).
 
-One `bench` run (systems hf, ar, coupled with a draft model, oracle; 1 repeat; 2 prompts x 2
-samples, 6 new tokens, fp32) in worker subprocesses, shared by the tests below.
+One `bench` run (systems hf, ar, coupled with a draft model, oracle, decoupled, specactor, coupled-suffix;
+1 repeat; 2 prompts x 2 samples, 6 new tokens, fp32) in worker subprocesses, shared by the tests below.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def bench_results(tmp_path_factory) -> tuple[Path, dict]:
     drafter = save_tiny_model(root / "drafter", "llama", seed=0, num_layers=1)
     out = root / "out"
     args = ["--trace", "quick", "--model", f"{target}:{drafter}", "--systems",
-            "hf,ar,coupled,oracle,decoupled,specactor,vllm",
+            "hf,ar,coupled,oracle,decoupled,specactor,coupled-suffix,vllm",
             "--repeats", "1", "--prompts", "2", "--samples", "2", "--max-new-tokens", "6", "--out", str(out)]
     with pytest.MonkeyPatch.context() as patch:
         # vLLM lives in its own venv (make vllm-env); here it must be reported absent, not fail the run
@@ -48,7 +48,7 @@ def test_results_have_every_figure(bench_results):
     out, results = bench_results
     assert {"machine", "trace", "settings", "systems", "command"} <= results.keys()
     assert {"cpu_model", "logical_cpus", "threads", "versions", "git"} <= results["machine"].keys()
-    assert set(results["systems"]) == {"hf", "ar", "coupled", "oracle", "decoupled", "specactor"}
+    assert set(results["systems"]) == {"hf", "ar", "coupled", "oracle", "decoupled", "specactor", "coupled-suffix"}
     for name, entry in results["systems"].items():
         assert SYSTEM_KEYS <= entry.keys(), name
         assert entry["repeats"] == 1 and "error" not in entry, name
@@ -56,8 +56,8 @@ def test_results_have_every_figure(bench_results):
         assert 0 < entry["output_tokens"][0] <= NUM_SEQUENCES * 6
         assert 0.0 <= entry["tail_share"][0] <= 1.0
     table, _, split = (out / "results.md").read_text().partition("Where the time went")
-    assert table.count("| `") == 6
-    assert split.count("| `") == 5  # the engine systems: ar, coupled, oracle, decoupled, specactor
+    assert table.count("| `") == 7
+    assert split.count("| `") == 6  # the engine systems: ar, coupled, oracle, decoupled, specactor, coupled-suffix
     assert (out / "trace.json").is_file()
 
 
@@ -93,7 +93,7 @@ def test_ar_is_its_own_reference_and_oracle_accepts_everything(bench_results):
     assert systems["oracle"]["acceptance_rate"] == [1.0]
     assert systems["oracle"]["identical_to_ar"] == [1.0]
     # fp32 tiny models: speculation is lossless, whatever the drafter and the mode
-    for name in ("coupled", "decoupled", "specactor"):
+    for name in ("coupled", "decoupled", "specactor", "coupled-suffix"):
         assert systems[name]["identical_to_ar"] == [1.0], name
 
 

@@ -10,7 +10,7 @@ import pytest
 from specactor_engine.config import (
     ConfigError,
     ModelDrafterConfig,
-    NgramDrafterConfig,
+    NgramDrafterConfig, SuffixDrafterConfig,
     SamplingConfig,
     SpecActorConfig,
     config_to_yaml,
@@ -36,8 +36,10 @@ def test_default_config_values() -> None:
     cfg = load_config(None)
     assert cfg.model.target == "smollm2-135m-instruct"
     assert cfg.model.dtype == "float32"
-    assert (cfg.rollout.mode, cfg.rollout.num_draft_tokens, cfg.rollout.acceptance) == ("coupled", 4, "position_keyed")
-    assert cfg.rollout.drafters == [NgramDrafterConfig(kind="ngram", min_n=1, max_n=4, name="ngram")]
+    assert (cfg.rollout.mode, cfg.rollout.num_draft_tokens, cfg.rollout.acceptance) == (
+        "specactor", 4, "position_keyed")
+    assert cfg.rollout.drafters == [SuffixDrafterConfig(max_depth=24, min_match=2, max_history=16, name="suffix"),
+                                    NgramDrafterConfig(kind="ngram", min_n=1, max_n=4, name="ngram")]
     sampling = cfg.sampling
     assert (sampling.temperature, sampling.max_new_tokens, sampling.n, sampling.seed) == (1.0, 128, 4, 0)
     assert cfg.threads is None
@@ -61,7 +63,7 @@ def test_qwen_pair_config() -> None:
 def test_schema_defaults_fill_a_minimal_file(tmp_path: Path) -> None:
     cfg = load_config(write_yaml(tmp_path, "model: {target: /models/tiny}\n"))
     assert cfg.model.max_model_len == 2048 and cfg.model.chat_template and cfg.model.device == "cpu"
-    assert cfg.rollout.max_batch_size == 256 and cfg.rollout.drafters[0].kind == "ngram"
+    assert cfg.rollout.max_batch_size == 256 and cfg.rollout.drafters[1].kind == "ngram"
     assert cfg.sampling == SamplingConfig()
     assert (cfg.sampling.n, cfg.sampling.max_new_tokens, cfg.sampling.top_k) == (1, 256, 0)
 
@@ -87,9 +89,9 @@ def test_overrides_are_parsed_as_yaml() -> None:
 def test_overrides_index_and_extend_lists() -> None:
     cfg = load_config(
         None,
-        ["rollout.drafters.0.max_n=3", "rollout.drafters.1.kind=model", "rollout.drafters.1.model=/models/draft-lm/"],
+        ["rollout.drafters.1.max_n=3", "rollout.drafters.2.kind=model", "rollout.drafters.2.model=/models/draft-lm/"],
     )
-    ngram, model = cfg.rollout.drafters
+    _, ngram, model = cfg.rollout.drafters
     assert isinstance(ngram, NgramDrafterConfig) and ngram.max_n == 3
     assert isinstance(model, ModelDrafterConfig) and model.name == "model:draft-lm"
 
@@ -113,15 +115,16 @@ def test_parse_override() -> None:
         (["rollout.num_draft_tokens=2.5"], "rollout.num_draft_tokens: must be an integer (got 2.5)"),
         (["rollout.num_draft_tokenz=3"], "unknown key 'rollout.num_draft_tokenz' (did you mean 'rollout.num_draft_tokens'?)"),
         (["modle.target=x"], "unknown key 'modle' (did you mean 'model'?)"),
-        (["rollout.drafters.0.min_nn=2"], "unknown key 'rollout.drafters.0.min_nn' (did you mean 'rollout.drafters.0.min_n'?)"),
+        (["rollout.drafters.1.min_nn=2"], "unknown key 'rollout.drafters.1.min_nn' (did you mean 'rollout.drafters.1.min_n'?)"),
         (["rollout.mode=fast"], "rollout.mode: must be one of 'ar', 'coupled', 'decoupled' or 'specactor' (got 'fast')"),
         (["model.dtype=int8"], "model.dtype: must be one of 'float32', 'bfloat16', 'float16' or 'float64' (got 'int8')"),
         (["rollout.acceptance=typical"], "rollout.acceptance: must be one of"),
         (["rollout.drafters.0.kind=eagle"], "rollout.drafters.0: 'kind' must be one of 'model', 'ngram', 'suffix' (got 'eagle')"),
-        (["rollout.drafters.0.max_n=0"], "rollout.drafters.0.max_n: must be >= 1 (got 0)"),
-        (["rollout.drafters.0.min_n=3", "rollout.drafters.0.max_n=2"], "max_n must be >= min_n"),
+        (["rollout.drafters.1.max_n=0"], "rollout.drafters.1.max_n: must be >= 1 (got 0)"),
+        (["rollout.drafters.1.min_n=3", "rollout.drafters.1.max_n=2"], "max_n must be >= min_n"),
         (["rollout.drafters.0.kind=model"], "rollout.drafters.0.model: required key is missing"),
-        (["rollout.drafters=[]"], "rollout: mode 'coupled' needs at least one drafter"),
+        (["rollout.drafters=[]"], "rollout: mode 'specactor' needs rollout.drafters or rollout.decoupled.drafter"),
+        (["rollout.mode=coupled", "rollout.drafters=[]"], "rollout: mode 'coupled' needs at least one drafter"),
         (["rollout.drafters=[{kind: ngram}, {kind: ngram}]"], "rollout.drafters: drafter names must be unique (repeated: ngram)"),
         (["sampling.top_p=0"], "sampling.top_p: must be > 0"),
         (["sampling.top_p=1.5"], "sampling.top_p: must be <= 1"),
@@ -177,7 +180,7 @@ def test_missing_target(tmp_path: Path) -> None:
         ("rollout.num_draft_tokens", "bad override 'rollout.num_draft_tokens': expected KEY=VALUE"),
         ("=4", "bad override '=4'"),
         ("a..b=1", "bad override 'a..b=1'"),
-        ("rollout.drafters.5.kind=ngram", "'5' is not an index 0..1 of a list"),
+        ("rollout.drafters.5.kind=ngram", "'5' is not an index 0..2 of a list"),
         ("model.target.x=1", "cannot set 'x' inside a str"),
         ("sampling.stop=[unclosed", "value is not valid YAML"),
     ],
@@ -204,7 +207,7 @@ def test_config_is_frozen() -> None:
 
 
 def test_yaml_round_trip(tmp_path: Path) -> None:
-    cfg = load_config(None, ["rollout.drafters.1={kind: model, model: m, name: draft}", "sampling.stop=[x]"])
+    cfg = load_config(None, ["rollout.drafters.2={kind: model, model: m, name: draft}", "sampling.stop=[x]"])
     assert load_config(write_yaml(tmp_path, config_to_yaml(cfg))) == cfg
 
 
