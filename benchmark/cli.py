@@ -61,6 +61,9 @@ def bench(
     max_new_tokens: Annotated[int | None, typer.Option("--max-new-tokens", min=1)] = None,
     temperature: Annotated[float | None, typer.Option("--temperature", min=0.0, help="0 = greedy.")] = None,
     seed: Annotated[int | None, typer.Option("--seed", min=0, help="Sampling seed.")] = None,
+    history_seed: Annotated[int | None, typer.Option(
+        "--history-seed", min=0, help="Roll the trace out once first (untimed, `ar`) with this seed, as the earlier "
+        "step history drafters know (trace C sets 0).")] = None,
     num_draft_tokens: Annotated[int, typer.Option("--num-draft-tokens", "-k", min=1, max=16)] = 4,
     threads: Annotated[int, typer.Option("--threads", min=1, help="torch threads per system (all of them).")] = 2,
     wait_load: Annotated[float | None, typer.Option(
@@ -80,11 +83,13 @@ def bench(
         trace = get_trace(trace_name)
     except ValueError as exc:
         _fail(str(exc))
-    if trace.needs_history:
-        _fail(f"trace {trace.name} needs an earlier rollout of its prompts (history drafters); not runnable yet")
     pair = parse_model(model, trace.model)
     trace = trace.with_overrides(num_prompts=prompts, samples_per_prompt=samples, max_new_tokens=max_new_tokens,
-                                 temperature=temperature, seed=seed, model=pair, dtype=dtype)
+                                 temperature=temperature, seed=seed, model=pair, dtype=dtype,
+                                 history_seed=history_seed)
+    if trace.history_seed is not None and trace.history_seed == trace.seed:
+        _fail(f"--history-seed {trace.history_seed} equals the trace's seed: the earlier rollout would be the "
+              "same samples")
     plan = BenchPlan(trace=trace, systems=tuple(s.strip() for s in systems.split(",") if s.strip()),
                      repeats=repeats, out=out, target=pair.target, drafter=pair.drafter, dtype=trace.dtype,
                      max_batch_size=max_batch, num_draft_tokens=num_draft_tokens, threads=threads,

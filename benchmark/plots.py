@@ -118,11 +118,14 @@ def plot_acceptance(results: dict[str, Any], runs: dict[str, dict[str, Any]], pa
 
 
 def plot_drafter_mix(results: dict[str, Any], runs: dict[str, dict[str, Any]], path: Path) -> None:
+    """Per speculative system: each method's share of verified rows (top) and its accepted tokens per
+    row it drafted for (bottom), over rollout progress."""
     speculative = _speculative(runs)
-    fig, axes = plt.subplots(1, max(len(speculative), 1), figsize=(5.5 * max(len(speculative), 1), 3.8),
-                             squeeze=False)
+    columns = max(len(speculative), 1)
+    fig, axes = plt.subplots(2, columns, figsize=(5.5 * columns, 7.0), squeeze=False, sharex=True)
     xs = [(i + 0.5) / PROGRESS_BINS for i in range(PROGRESS_BINS)]
-    for ax, (name, timeline) in zip(axes[0], speculative.items()):
+    for column, (name, timeline) in enumerate(speculative.items()):
+        share_ax, accept_ax = axes[0][column], axes[1][column]
         groups = _by_progress(timeline)
         drafters = sorted({d for e in timeline for d in e["by_drafter"]})
         shares = {d: [] for d in [*drafters, "(no draft)"]}
@@ -131,15 +134,21 @@ def plot_drafter_mix(results: dict[str, Any], runs: dict[str, dict[str, Any]], p
             for drafter in drafters:
                 shares[drafter].append(sum(e["by_drafter"].get(drafter, 0) for e in group) / rows)
             shares["(no draft)"].append(1 - sum(shares[d][-1] for d in drafters) if group else 0.0)
-        ax.stackplot(xs, *shares.values(), labels=list(shares))
-        ax.set_title(name)
-        ax.set_xlabel("rollout progress")
-        ax.set_ylabel("share of verified rows")
-        ax.set_ylim(0, 1)
-        ax.legend(fontsize=8, loc="lower left")
+        share_ax.stackplot(xs, *shares.values(), labels=list(shares))
+        share_ax.set_title(name)
+        share_ax.set_ylabel("share of verified rows")
+        share_ax.set_ylim(0, 1)
+        share_ax.legend(fontsize=8, loc="lower left")
+        for drafter in drafters:
+            drafted = [sum(e["by_drafter"].get(drafter, 0) for e in g) for g in groups]
+            accepted = [sum(e.get("accepted_by_drafter", {}).get(drafter, 0) for e in g) for g in groups]
+            accept_ax.plot(xs, [a / d if d else None for a, d in zip(accepted, drafted)], marker=".", label=drafter)
+        accept_ax.set_xlabel("rollout progress (share of output tokens)")
+        accept_ax.set_ylabel("accepted tokens per drafted row")
+        accept_ax.legend(fontsize=8)
     if not speculative:
         axes[0][0].text(0.5, 0.5, "no speculative engine system in this run", ha="center", va="center")
-    fig.suptitle(_title(results, "drafter mix over progress (first repeat)"))
+    fig.suptitle(_title(results, "drafter mix and each drafter's acceptance over progress (first repeat)"))
     _save(fig, path)
 
 

@@ -11,6 +11,8 @@ Writes into the output directory:
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import logging
 import os
@@ -69,12 +71,19 @@ class BenchPlan:
             return tuple(dict.fromkeys(self.systems))
         return tuple(dict.fromkeys((REFERENCE_SYSTEM, *self.systems)))
 
-    def spec(self, system: str, reference: Path | None) -> RunSpec:
+    def spec(self, system: str, reference: Path | None, history: Path | None = None) -> RunSpec:
         profile = str(self.out / "runs" / f"{system}.prof") if system in self.profile else None
         return RunSpec(system=system, trace=self.trace, target=self.target, drafter=self.drafter, dtype=self.dtype,
                        max_batch_size=self.max_batch_size, num_draft_tokens=self.num_draft_tokens,
                        threads=self.threads, reference_path=str(reference) if reference else None,
-                       oracle_passes=self.oracle_passes, profile_path=profile)
+                       oracle_passes=self.oracle_passes, profile_path=profile,
+                       history_path=str(history) if history else None)
+
+    def history_spec(self) -> RunSpec:
+        """Trace C's earlier rollout: `ar` on the same prompts with the previous step's seed."""
+        assert self.trace.history_seed is not None
+        earlier = self.trace.with_overrides(seed=self.trace.history_seed)
+        return dataclasses.replace(self.spec(REFERENCE_SYSTEM, None), trace=earlier)
 
 
 def run_worker(spec: RunSpec, out_json: Path) -> dict[str, Any]:
@@ -108,6 +117,7 @@ def run_bench(plan: BenchPlan, command: str = "") -> dict[str, Any]:
     skipped = {s: why for s in plan.run_order() if (why := system_unavailable(s)) is not None}
     for system, why in skipped.items():
         logger.warning("skipping %s: %s", system, why)
+    history = run_history(plan, runs_dir) if plan.trace.needs_history else None
     for repeat in range(plan.repeats):
         reference: Path | None = None
         for system in plan.run_order():
@@ -115,7 +125,7 @@ def run_bench(plan: BenchPlan, command: str = "") -> dict[str, Any]:
                 continue
             out_json = runs_dir / f"{system}-{repeat}.json"
             try:
-                result = run_worker(plan.spec(system, reference), out_json)
+                result = run_worker(plan.spec(system, reference, history), out_json)
             except RuntimeError as exc:
                 logger.error("%s", exc)
                 errors[system] = str(exc)
@@ -147,6 +157,20 @@ def run_bench(plan: BenchPlan, command: str = "") -> dict[str, Any]:
     (plan.out / "results.md").write_text(render_markdown(results), encoding="utf-8")
     write_plots(plan.out, results)
     return results
+
+
+def run_history(plan: BenchPlan, runs_dir: Path) -> Path:
+    """Roll out the trace's earlier step once (untimed, `ar`); its outputs per request, for history drafters."""
+    path = runs_dir / "history.json"
+    if not path.exists():
+        result = run_worker(plan.history_spec(), runs_dir / "history-ar.json")
+        outputs: dict[str, list[list[int]]] = {}
+        for seq in result["sequences"]:
+            outputs.setdefault(seq["id"], []).append(seq["token_ids"])
+        _write_json(path, outputs)
+        logger.info("earlier rollout for the history drafters: %d sequences in %.1f s", len(result["sequences"]),
+                    result["makespan_s"])
+    return path
 
 
 def aggregate(runs: dict[str, list[dict[str, Any]]], errors: dict[str, str]) -> dict[str, Any]:

@@ -45,6 +45,7 @@ class RunSpec:
     reference_path: str | None = None  # `ar` outputs, for the oracle drafter
     oracle_passes: int = 1  # >1: untimed oracle runs that replace the references with their own outputs
     profile_path: str | None = None  # write a cProfile of the timed run here
+    history_path: str | None = None  # trace C: the earlier rollout's outputs, {request_id: [token_ids, ...]}
 
     def to_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "trace": self.trace.to_dict()}
@@ -105,6 +106,10 @@ class System(ABC):
 
     def prepare(self, requests: Sequence[Request], sampling: SamplingConfig) -> None:
         """Untimed work on the trace itself before the timed run (default: none)."""
+
+    def set_history(self, requests: Sequence[Request], history: dict[str, list[list[int]]] | None) -> None:
+        """Before the timed run: history drafters forget the warm-up and, with `history`
+        ({request_id: earlier outputs}), know the earlier rollout of each prompt (default: nothing)."""
 
     def close(self) -> None:
         """Release what the system holds outside this process (default: nothing)."""
@@ -259,6 +264,19 @@ class EngineSystem(System):
 
     def _drafters(self, spec: RunSpec, model: torch.nn.Module, tokenizer: Any) -> list[Drafter]:
         return []
+
+    def set_history(self, requests: Sequence[Request], history: dict[str, list[list[int]]] | None) -> None:
+        from specactor_engine.drafters.suffix import SuffixDrafter, SuffixHistory
+        from specactor_engine.tokenize import encode_request
+
+        for drafter in self.engine.drafters:
+            if not isinstance(drafter, SuffixDrafter):
+                continue
+            drafter.history = SuffixHistory(drafter.history.max_per_prompt)  # the warm-up is not history
+            for request in requests if history else ():
+                prompt_ids, _ = encode_request(request, self.engine.tokenizer, self.engine.chat_template)
+                for output in history.get(request.request_id, []):
+                    drafter.history.add(prompt_ids or [], output)
 
     def generate(self, requests: Sequence[Request], sampling: SamplingConfig, clock: FinishClock) -> Generation:
         result = self.engine.generate(requests, sampling, progress=clock.progress)

@@ -53,7 +53,11 @@ class Trace:
     top_p: float = 1.0
     seed: int = 0  # keys the sampling noise (hf: the torch seed)
     num_prompts: int | None = None  # a subset: the first N prompts, tasks taken in turn
-    needs_history: bool = False  # trace C: runs only once an earlier rollout exists
+    history_seed: int | None = None  # trace C: the seed of the earlier rollout its history drafters know
+
+    @property
+    def needs_history(self) -> bool:
+        return self.history_seed is not None
 
     @property
     def total_prompts(self) -> int:
@@ -87,9 +91,10 @@ TRACES: dict[str, Trace] = {
                temperature=1.0, model=MODEL_PAIRS["qwen-pair"], dtype="bfloat16"),
     "B": Trace("B", "long tail on SmolLM2", _TRACE_B_PROMPTS, samples_per_prompt=8, max_new_tokens=512,
                temperature=1.0, model=MODEL_PAIRS["smollm2"], dtype="float32"),
-    "C": Trace("C", "next step: B's prompts again with rollout history (placeholder)", _TRACE_B_PROMPTS,
+    # the next step of B: the same prompts, new samples (seed 1); history drafters know B's rollout (seed 0)
+    "C": Trace("C", "B's prompts at the next step, with B's rollout as history", _TRACE_B_PROMPTS,
                samples_per_prompt=8, max_new_tokens=512, temperature=1.0, model=MODEL_PAIRS["smollm2"],
-               dtype="float32", seed=1, needs_history=True),
+               dtype="float32", seed=1, history_seed=0),
     "G": Trace("G", "greedy on the real Qwen pair in fp32", _TRACE_A_PROMPTS, samples_per_prompt=1,
                max_new_tokens=256, temperature=0.0, model=MODEL_PAIRS["qwen-pair"], dtype="float32"),
     "quick": Trace("quick", "small SmolLM2 trace for smoke runs",

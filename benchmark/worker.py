@@ -3,7 +3,8 @@
     python -m benchmark.worker SPEC.json OUT.json
 
 One process per run keeps peak RSS per system clean and the thread budget exact. Order:
-load the models (load_s), a short warm-up generate (warmup_s), then the timed rollout of the
+load the models (load_s), a short warm-up generate (warmup_s; history drafters forget it, and
+on a trace with history they load the earlier rollout instead), then the timed rollout of the
 whole trace (makespan: from submitting the requests to the last token). Systems that need
 untimed work on the trace itself (the oracle's extra passes) do it in between (prepare_s).
 """
@@ -44,6 +45,8 @@ def run_once(spec: RunSpec) -> dict[str, Any]:
     system, load_s = _timed(build_system, spec)
     warmup = sampling.model_copy(update={"n": 1, "max_new_tokens": WARMUP_NEW_TOKENS})
     _, warmup_s = _timed(system.generate, requests[:1], warmup, FinishClock())
+    history = json.loads(Path(spec.history_path).read_text(encoding="utf-8")) if spec.history_path else None
+    system.set_history(requests, history)
     _, prepare_s = _timed(system.prepare, requests, sampling)
     gc.collect()
     clock = FinishClock()

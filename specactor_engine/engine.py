@@ -739,15 +739,18 @@ class _Run:
 
     def _record_round(self, width: int, num_drafts: torch.Tensor, num_accepted: torch.Tensor, counts: torch.Tensor,
                       sources: list[str | None] | None) -> None:
-        by_drafter: dict[str, int] = {}
-        for name in sources or []:
+        by_drafter: dict[str, int] = {}  # rows each method drafted for this round
+        accepted_by: dict[str, int] = {}  # and how many of its tokens were accepted
+        for row, name in enumerate(sources or []):
             if name is not None:
                 by_drafter[name] = by_drafter.get(name, 0) + 1
+                accepted_by[name] = accepted_by.get(name, 0) + int(num_accepted[row])
         self.stats.timeline.append({
             "t": round(time.perf_counter() - self.started, 4), "rows": len(counts), "k": width,
             "cap": self.round_cap,
             "emitted": int(counts.sum()), "drafted": int(num_drafts.sum()), "accepted": int(num_accepted.sum()),
-            "by_drafter": by_drafter, **({"arm": self.arm} if self.phase is not None else {}),
+            "by_drafter": by_drafter, "accepted_by_drafter": accepted_by,
+            **({"arm": self.arm} if self.phase is not None else {}),
         })
 
     def _assert_invariants(self, slots: torch.Tensor) -> None:

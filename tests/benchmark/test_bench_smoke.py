@@ -170,3 +170,34 @@ def test_profile_step_prints_the_operator_split(tmp_path):
     shares = [float(line.split("|")[2].strip().rstrip("%")) for line in result.output.splitlines()
               if line.startswith("| ") and line.rstrip().endswith("% |") and line.count("|") == 3]
     assert 98 <= sum(shares) <= 102  # the groups cover all operator time
+
+
+def test_a_trace_with_history_feeds_the_earlier_rollout_to_the_suffix_drafter(tmp_path):
+    """Greedy, so the earlier rollout (another seed) has exactly the outputs the timed run will produce:
+    with that history the suffix drafter's drafts are accepted far more often than without it."""
+    target = save_tiny_model(tmp_path / "target", "llama", seed=0)
+
+    def bench(out: Path, *extra: str) -> dict:
+        args = ["--trace", "quick", "--model", str(target), "--systems", "ar,coupled-suffix", "--repeats", "1",
+                "--prompts", "2", "--samples", "2", "--max-new-tokens", "16", "--temperature", "0",
+                "--out", str(out), *extra]
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 0, result.output
+        return json.loads((out / "results.json").read_text())
+
+    with_history = bench(tmp_path / "history", "--history-seed", "5")
+    history = json.loads((tmp_path / "history" / "runs" / "history.json").read_text())
+    assert sorted(history) == sorted({item["id"] for item in json.loads(
+        (tmp_path / "history" / "trace.json").read_text())["items"]})
+    without = bench(tmp_path / "plain")
+    assert not (tmp_path / "plain" / "runs" / "history.json").exists()
+    for results in (with_history, without):
+        assert results["systems"]["coupled-suffix"]["identical_to_ar"] == [1.0]
+    rate = {name: r["systems"]["coupled-suffix"]["acceptance_rate"][0] or 0.0  # None: nothing was drafted
+            for name, r in (("history", with_history), ("plain", without))}
+    assert rate["history"] > 0.9 and rate["history"] > rate["plain"] + 0.2, rate
+
+
+def test_history_seed_must_differ_from_the_trace_seed(tmp_path):
+    result = CliRunner().invoke(app, ["--trace", "quick", "--history-seed", "0", "--out", str(tmp_path)])
+    assert result.exit_code == 2 and "equals the trace's seed" in result.output

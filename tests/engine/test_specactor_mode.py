@@ -33,6 +33,13 @@ def test_in_process_drafters_only_is_exact_and_uses_several(target, temperature)
     result = specactor_engine(target, drafters).generate(ragged_requests(6), params)
     assert token_ids(result) == reference
     assert len(result.stats.drafted_per_drafter) >= 2  # the selector tried more than one method
+    # the per-round timeline splits acceptance by method (the drafter-mix plots read it)
+    per_method: dict[str, int] = {}
+    for entry in result.stats.timeline:
+        for name, accepted in entry["accepted_by_drafter"].items():
+            per_method[name] = per_method.get(name, 0) + accepted
+    assert per_method == {k: v for k, v in result.stats.accepted_per_drafter.items() if k in per_method}
+    assert sum(per_method.values()) == result.stats.accepted_tokens
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
