@@ -5,8 +5,8 @@ tokens, plus seeded sampling at every position. Its cost is measured here once f
 batch sizes and widths (1..max_k+1) at two committed contexts (a short one and the rollout's
 longest, rounded up to a bucket; cost is linear in context in between) and stored as a
 `CostProfile` under `<cache dir>/cost_profiles/<key>.json`; the key covers what the cost depends
-on (architecture, dtype, thread count, CPU model, torch version, the grid), not the weights'
-values, so a policy update reuses it.
+on (architecture, dtype, thread count, CPU model, torch version, the grid, the engine's cost-model
+version), not the weights' values, so a policy update reuses it.
 """
 
 from __future__ import annotations
@@ -26,6 +26,9 @@ from specactor_engine.verify_length import CostProfile, CostTable
 
 logger = logging.getLogger(__name__)
 
+# Bump when the forward's cost structure changes (e.g. a new attention kernel): cached profiles measured
+# with older code then no longer match and are measured again.
+COST_MODEL_VERSION = 2  # 2: bf16/fp16 attention by fp32 batched matmuls
 PROFILE_CONTEXT = 256  # committed tokens per row while profiling (a mid-rollout length)
 SHORT_CONTEXT = 128  # the profile's shorter context
 CONTEXT_BUCKET = 256  # the longer context is the rollout's longest, rounded up to a multiple of this
@@ -61,7 +64,7 @@ def profile_key(runner: ModelRunner, batches: tuple[int, ...], widths: tuple[int
     facts = {
         "architecture": runner.model.config.to_dict(), "dtype": str(runner.dtype), "device": str(runner.device),
         "threads": torch.get_num_threads(), "cpu": cpu_model(), "torch": torch.__version__,
-        "batches": batches, "widths": widths, "context": context,
+        "batches": batches, "widths": widths, "context": context, "version": COST_MODEL_VERSION,
     }
     return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 

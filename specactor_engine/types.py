@@ -104,6 +104,7 @@ class EngineStats:
     timeline: list[dict[str, Any]] = field(default_factory=list)
     decoupled: dict[str, float] = field(default_factory=dict)  # decoupled mode: worker figures
     arm_rounds: dict[str, int] = field(default_factory=dict)  # dynamic decoupling: rounds per arm
+    arm_skips: int = 0  # ... and explorations of the workers' arm skipped (its best case could not win)
     candidate_rows: int = 0  # combination: second candidates verified beside a row's own drafts
     candidate_wins: int = 0  # ... and how many of them were accepted further than the row's own
 

@@ -4,12 +4,16 @@ On a small machine a drafter worker takes cores from the verifier: with the work
 verifier decodes on fewer threads, with them paused it decodes plainly on all of them (exactly
 `ar`). Which is faster depends on the batch (compute-bound verifies suffer most from losing a
 core), on acceptance and on the context length, all of which change as the rollout goes on.
-`DecouplingPolicy` measures instead of guessing: it runs each arm for `explore_rounds` rounds,
-then the faster one (tokens per second, measured) for `exploit_rounds` rounds, then explores
-again. Exploring the losing arm costs time, so each time the same arm wins again its exploit
-period doubles (up to `max_exploit_rounds`); a change of winner resets it. The first `warmup_rounds` of an explored arm are not measured: a drafter resumed after a
-pause first catches up on the tokens committed meanwhile. A pure policy over observations,
-unit-tested on its own.
+`DecouplingPolicy` measures instead of guessing: each cycle it runs plain decoding (`solo`) for
+`explore_rounds` rounds, then the workers' arm for as long (unless it cannot win, below), then the
+faster one (tokens per second, measured) for an exploit period. The first `warmup_rounds` of an
+explored arm are not measured: a drafter resumed after a pause first catches up on the tokens
+committed meanwhile. Exploring the losing arm costs time, so each time the same arm wins again its
+exploit period doubles (up to `max_exploit_rounds`); a change of winner resets it. Before exploring
+the workers' arm the caller may give its optimistic rate (every draft accepted, at the verify cost
+measured on the verifier's threads); when even that is below the measured plain rate the
+exploration is skipped, which is what keeps a compute-bound full batch at `ar` speed. A pure
+policy over observations, unit-tested on its own.
 """
 
 from __future__ import annotations
@@ -27,19 +31,20 @@ class DecouplingPolicy:
     warmup_rounds: int = 3  # first rounds of an explored arm not measured (a resumed drafter catches up)
     margin: float = 0.03  # prefer decoupled only when faster by this much (it costs a process)
     max_exploit_rounds: int = 512
-    arm: str = DECOUPLED
+    arm: str = SOLO
     rounds_in_arm: int = 0
     exploring: bool = True
     measured: dict[str, tuple[int, float]] = field(default_factory=dict)  # arm -> (tokens, seconds) this cycle
     history: list[str] = field(default_factory=list)
     exploit_limit: int = 0  # the current exploit period (0: not set yet, starts at exploit_rounds)
     last_winner: str | None = None
+    skipped: int = 0  # explorations of the workers' arm skipped because its optimistic rate could not win
 
-    def choose(self) -> str:
-        """The arm for the next round."""
+    def choose(self, decoupled_bound: float | None = None) -> str:
+        """The arm for the next round; decoupled_bound: the workers' arm's optimistic tokens per second now."""
         limit = self.explore_rounds if self.exploring else self.exploit_limit
         if self.rounds_in_arm >= limit:
-            self._advance()
+            self._advance(decoupled_bound)
         self.rounds_in_arm += 1
         self.history.append(self.arm)
         return self.arm
@@ -55,19 +60,26 @@ class DecouplingPolicy:
         done, spent = self.measured.get(arm, (0, 0.0))
         return done / spent if spent > 0 else None
 
-    def _advance(self) -> None:
+    def _advance(self, decoupled_bound: float | None) -> None:
         self.rounds_in_arm = 0
-        if not self.exploring:  # an exploit period ended: measure both arms again
+        if not self.exploring:  # an exploit period ended: measure both arms again, plain decoding first
             self.exploring, self.measured = True, {}
-            self.arm = DECOUPLED
-            return
-        if self.arm == DECOUPLED and SOLO not in self.measured:
             self.arm = SOLO
             return
-        decoupled, solo = self.rate(DECOUPLED), self.rate(SOLO)
+        solo = self.rate(SOLO)
+        if self.arm == SOLO and DECOUPLED not in self.measured:
+            if decoupled_bound is not None and solo is not None and decoupled_bound < (1 + self.margin) * solo:
+                self.skipped += 1
+                self._exploit(SOLO)
+            else:
+                self.arm = DECOUPLED
+            return
+        decoupled = self.rate(DECOUPLED)
         better = decoupled is not None and (solo is None or decoupled > (1 + self.margin) * solo)
-        self.arm = DECOUPLED if better else SOLO
-        self.exploring = False
-        repeated = self.arm == self.last_winner
+        self._exploit(DECOUPLED if better else SOLO)
+
+    def _exploit(self, winner: str) -> None:
+        self.arm, self.exploring = winner, False
+        repeated = winner == self.last_winner
         self.exploit_limit = min(2 * self.exploit_limit, self.max_exploit_rounds) if repeated else self.exploit_rounds
-        self.last_winner = self.arm
+        self.last_winner = winner
