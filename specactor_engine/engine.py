@@ -333,6 +333,12 @@ class _Run:
         # dynamic decoupling: phases with the workers drafting, or paused with every thread verifying
         self.phase = DecouplingPolicy() if self.coordinator is not None and engine.dynamic_decoupling else None
         self.arm = DECOUPLED
+        if self.phase is not None and self.phase.arm == SOLO:
+            # pause before the rows arrive: a running worker would start prefilling them on the verifier's
+            # cores and slow down exactly the plain-decoding window the policy measures first
+            self.coordinator.pause(True)
+            torch.set_num_threads(self.total_threads)
+            self.arm = SOLO
         # combination: target-cache slots past the real ones, one per candidate (see _verify_candidates)
         self.scratch = torch.arange(num_slots, num_slots + min(engine.combine_below, num_slots))
         self.own_accepted: torch.Tensor | None = None  # [R] each row's own method's acceptance this round

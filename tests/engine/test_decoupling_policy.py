@@ -61,3 +61,58 @@ def test_the_workers_arm_is_not_explored_when_even_its_best_case_cannot_win():
     assert letters(arms) == "ss" "ssss" "ss" "ssssssss" and policy.skipped == 2
     # the batch shrank into the tail: the best case could win now, so the arm is measured again
     assert letters(drive(policy, {DECOUPLED: 150, SOLO: 100}, 2 + 2 + 4, bound=400.0)) == "ssdd" "dddd"
+
+
+class _RecordingCoordinator:
+    """Stands in for DecoupledCoordinator: records the calls, supplies no drafts (unit isolation)."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.buffers = None
+
+    def reset(self, num_slots, max_len, sampling, window, output_of) -> None:
+        self.calls.append("reset")
+
+    def pause(self, paused: bool) -> None:
+        self.calls.append("pause" if paused else "resume")
+
+    def add_rows(self, slots, keys, prompts) -> None:
+        self.calls.append("add_rows")
+
+    def poll(self) -> None:
+        pass
+
+    def take(self, slots, caps):
+        import numpy as np
+
+        return np.zeros((len(slots), int(caps.max()) if len(caps) else 0), dtype=np.int64), np.zeros(len(slots),
+                                                                                                      dtype=np.int64)
+
+    def after_round(self, slots, output, emitted) -> None:
+        pass
+
+    def remove_rows(self, slots) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def test_workers_are_paused_before_the_first_rows_arrive_when_plain_decoding_is_measured_first():
+    """A worker given rows while running starts prefilling them at once, on the verifier's cores, and
+    would slow down the plain-decoding window the policy measures first."""
+    import torch
+
+    from specactor_engine.engine import Engine
+    from tests.engine.test_exactness import MAX_LEN, ragged_requests, run, sampling, token_ids
+    from tests.fixtures.tiny_models import make_tiny_model, make_tokenizer
+
+    target = make_tiny_model("llama", seed=0, dtype=torch.float64)
+    coordinator = _RecordingCoordinator()
+    engine = Engine(target, make_tokenizer(), mode="decoupled", num_draft_tokens=3, max_batch_size=8,
+                    max_model_len=MAX_LEN, coordinator=coordinator, dynamic_decoupling=True, verifier_threads=1)
+    params = sampling(1.0, max_new_tokens=12)
+    result = engine.generate(ragged_requests(3), params)
+    assert coordinator.calls.index("pause") < coordinator.calls.index("add_rows"), coordinator.calls
+    assert result.stats.arm_rounds.get("solo", 0) > 0
+    assert token_ids(result) == token_ids(run(target, ragged_requests(3), params))
