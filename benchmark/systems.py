@@ -292,6 +292,13 @@ class AutoregressiveEngine(EngineSystem):
     mode = "ar"
 
 
+def _drafter_context(spec: RunSpec, model: torch.nn.Module, tokenizer: Any) -> Any:
+    from specactor_engine.drafters import DrafterContext
+
+    return DrafterContext(device="cpu", dtype=spec.dtype, target_tokenizer=tokenizer,
+                          target_vocab_size=model.config.vocab_size)
+
+
 @register_system("coupled")
 class CoupledEngine(EngineSystem):
     """Draft-then-verify with the trace's draft model (or the n-gram drafter) at a fixed k."""
@@ -300,10 +307,9 @@ class CoupledEngine(EngineSystem):
 
     def _drafters(self, spec: RunSpec, model: torch.nn.Module, tokenizer: Any) -> list[Drafter]:
         from specactor_engine.config import ModelDrafterConfig, NgramDrafterConfig
-        from specactor_engine.drafters import DrafterContext, build_drafter
+        from specactor_engine.drafters import build_drafter
 
-        context = DrafterContext(device="cpu", dtype=spec.dtype, target_tokenizer=tokenizer,
-                                 target_vocab_size=model.config.vocab_size)
+        context = _drafter_context(spec, model, tokenizer)
         if spec.drafter is None:
             return [build_drafter(NgramDrafterConfig(), context)]
         path = _resolve(spec.drafter, spec.dtype)
@@ -330,10 +336,9 @@ class CoupledSuffixEngine(CoupledDynamicEngine):
 
     def _drafters(self, spec: RunSpec, model: torch.nn.Module, tokenizer: Any) -> list[Drafter]:
         from specactor_engine.config import SuffixDrafterConfig
-        from specactor_engine.drafters import DrafterContext, build_drafter
+        from specactor_engine.drafters import build_drafter
 
-        context = DrafterContext(device="cpu", dtype=spec.dtype, target_tokenizer=tokenizer,
-                                 target_vocab_size=model.config.vocab_size)
+        context = _drafter_context(spec, model, tokenizer)
         return [build_drafter(SuffixDrafterConfig(), context)]
 
 
@@ -344,10 +349,9 @@ class CoupledNgramEngine(CoupledDynamicEngine):
 
     def _drafters(self, spec: RunSpec, model: torch.nn.Module, tokenizer: Any) -> list[Drafter]:
         from specactor_engine.config import NgramDrafterConfig
-        from specactor_engine.drafters import DrafterContext, build_drafter
+        from specactor_engine.drafters import build_drafter
 
-        context = DrafterContext(device="cpu", dtype=spec.dtype, target_tokenizer=tokenizer,
-                                 target_vocab_size=model.config.vocab_size)
+        context = _drafter_context(spec, model, tokenizer)
         return [build_drafter(NgramDrafterConfig(), context)]
 
 
@@ -428,10 +432,9 @@ class SpecActorEngine(DecoupledEngine):
 
     def _drafters(self, spec: RunSpec, model: torch.nn.Module, tokenizer: Any) -> list[Drafter]:
         from specactor_engine.config import NgramDrafterConfig, SuffixDrafterConfig
-        from specactor_engine.drafters import DrafterContext, build_drafter
+        from specactor_engine.drafters import build_drafter
 
-        context = DrafterContext(device="cpu", dtype=spec.dtype, target_tokenizer=tokenizer,
-                                 target_vocab_size=model.config.vocab_size)
+        context = _drafter_context(spec, model, tokenizer)
         return [build_drafter(SuffixDrafterConfig(), context), build_drafter(NgramDrafterConfig(), context)]
 
 

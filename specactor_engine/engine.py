@@ -393,11 +393,11 @@ class _Run:
         round_started = time.perf_counter()
         slots = torch.tensor(sorted(self.slot_seq))
         caps = self._draft_caps(slots)
-        arm = self._choose_arm(slots)
+        context = int(self.runner.lengths[slots].max())  # attention reads every row this far
+        arm = self._choose_arm(len(slots), context)
         # a paused-workers (solo) phase still drafts in process when there are in-process drafters
         drafting = arm != SOLO or bool(self.engine.drafters)
         policy = self.engine.length_policy if self.engine.verify_length == "dynamic" and drafting else None
-        context = int(self.runner.lengths[slots].max())  # attention reads every row this far
         if not drafting:
             caps = torch.zeros_like(caps)
         elif policy is not None:
@@ -445,11 +445,11 @@ class _Run:
         if self.phase is not None:
             self.phase.observe(arm, self.stats.timeline[-1]["emitted"], time.perf_counter() - round_started)
 
-    def _choose_arm(self, slots: torch.Tensor) -> str | None:
+    def _choose_arm(self, rows: int, context: int) -> str | None:
         """Dynamic decoupling: this round's arm; switching pauses/resumes the workers and moves threads."""
         if self.phase is None:
             return None
-        arm = self.phase.choose(self._decoupled_bound(slots))
+        arm = self.phase.choose(self._decoupled_bound(rows, context))
         if arm != self.arm:
             assert self.coordinator is not None
             self.coordinator.pause(arm == SOLO)
@@ -459,13 +459,12 @@ class _Run:
         self.stats.arm_skips = self.phase.skipped
         return arm
 
-    def _decoupled_bound(self, slots: torch.Tensor) -> float | None:
+    def _decoupled_bound(self, rows: int, context: int) -> float | None:
         """Tokens per second the workers' arm could reach at best this round: every draft accepted, at the
         verify cost profiled on the verifier's threads (what it keeps while the workers run)."""
         policy = self.engine.length_policy
-        if policy is None or not len(slots):
+        if policy is None or not rows:
             return None
-        rows, context = len(slots), int(self.runner.lengths[slots].max())
         return max(rows * (k + 1) / max(policy.cost.cost(rows, k + 1, context), 1e-9)
                    for k in range(1, policy.max_k + 1))
 
