@@ -401,7 +401,7 @@ class _Run:
         if not drafting:
             caps = torch.zeros_like(caps)
         elif policy is not None:
-            caps = caps.clamp_max(policy.choose(len(slots), context))
+            caps = caps.clamp_max(policy.choose(len(slots), context, regime=arm or ""))
         self.round_cap = int(caps.max()) if len(caps) else 0
         started = time.perf_counter()
         if self.coordinator is None:
@@ -441,7 +441,7 @@ class _Run:
         if policy is not None:
             k = int(caps.max()) if len(caps) else 0
             policy.observe_round(k, caps.numpy(), num_accepted.numpy(), draft_s, time.perf_counter() - round_started,
-                                 len(slots), context)
+                                 len(slots), context, regime=arm or "")
         if self.phase is not None:
             self.phase.observe(arm, self.stats.timeline[-1]["emitted"], time.perf_counter() - round_started)
 
@@ -460,12 +460,14 @@ class _Run:
         return arm
 
     def _decoupled_bound(self, rows: int, context: int) -> float | None:
-        """Tokens per second the workers' arm could reach at best this round: every draft accepted, at the
-        verify cost profiled on the verifier's threads (what it keeps while the workers run)."""
+        """Tokens per second the workers' arm can be expected to reach this round at best: the verify
+        length that suits the acceptance seen so far (the prior before any), at the verify cost on the
+        verifier's threads (profiled on them, scaled by what rounds of that arm actually took), with no
+        drafting on the critical path."""
         policy = self.engine.length_policy
         if policy is None or not rows:
             return None
-        return max(rows * (k + 1) / max(policy.cost.cost(rows, k + 1, context), 1e-9)
+        return max(policy.throughput(rows, k, context, regime=DECOUPLED, drafting=False)
                    for k in range(1, policy.max_k + 1))
 
     def _draft_caps(self, slots: torch.Tensor) -> torch.Tensor:

@@ -10,12 +10,19 @@ A pure policy over statistics (no torch, no engine), so it can be unit-tested on
   row verified with at least j drafts accepts its first j drafts (supply and acceptance in one:
   a row whose drafter supplied fewer than j drafts counts as not accepting the j-th).
 - `VerifyLengthPolicy.choose(rows)`: the k in 0..max_k maximising expected emitted tokens per
-  second, rows * E[k] / (verify(rows, k+1) + draft(k) + overhead), where
+  second, rows * E[k] / (verify(rows, k+1) x calibration(k+1) + draft(k)), where
   E[k] = 1 + sum_{j<=k} q_j. k = 0 is plain decoding. The current k changes only when another
   is better by more than the hysteresis. While k is below max_k it verifies max_k once every
   `probe_every` rounds, so the statistics of the deeper positions stay fresh; a probe that
   changes nothing doubles the interval (up to `max_probe_every`), since a probe round costs
   what a deep verify costs.
+- The profile is measured once, on an idle model and maybe another load of the machine; what a
+  round really costs drifts from it (host work, sampling, other processes), and not by the same
+  factor at every width. Each finished round therefore updates an EMA of observed / profiled
+  seconds for its width (per `regime`: the engine's thread arrangement, e.g. workers running or
+  paused), and every prediction is scaled by it. A width not observed yet borrows the nearest
+  observed width's factor. An additive correction would not do: a profile that overestimates
+  plain rounds would then make every wider round look cheaper than it is.
 """
 
 from __future__ import annotations
@@ -27,6 +34,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
+
+MIN_SCALE, MAX_SCALE = 0.25, 4.0  # bounds of one round's observed / profiled time
 
 
 @dataclass(frozen=True)
@@ -191,7 +200,8 @@ class VerifyLengthPolicy:
     probe_every: int = 16  # rounds before the first probe at max_k while k < max_k (0: never)
     max_probe_every: int = 256
     draft_s_per_token: float = 0.0  # EMA of drafting seconds per draft position (all rows at once)
-    overhead_s: float = 0.0  # EMA of round time the table and drafting do not explain (host work, context)
+    # (regime, width) -> EMA of observed / profiled seconds of a round's verify and host work
+    scale: dict[tuple[str, int], float] = field(default_factory=dict)
     decay: float = 0.2
     current: int | None = None
     rounds_since_probe: int = 0
@@ -203,22 +213,37 @@ class VerifyLengthPolicy:
     def max_k(self) -> int:
         return self.stats.max_k
 
-    def throughput(self, rows: int, k: int, context: int | None = None) -> float:
+    def calibration(self, width: int, regime: str = "") -> float:
+        """Observed / profiled round time at `width` under `regime`; unobserved widths borrow the nearest
+        observed one's (the narrower on a tie), and with nothing observed it is 1."""
+        observed = [w for (r, w) in self.scale if r == regime]
+        if not observed:
+            return 1.0
+        nearest = min(observed, key=lambda w: (abs(w - width), w))
+        return self.scale[(regime, nearest)]
+
+    def verify_seconds(self, rows: int, k: int, context: int | None = None, regime: str = "") -> float:
+        """Predicted seconds of a verify round (forward, sampling, host work) with k drafts per row."""
+        return self.cost.cost(rows, k + 1, context) * self.calibration(k + 1, regime)
+
+    def throughput(self, rows: int, k: int, context: int | None = None, regime: str = "",
+                   drafting: bool = True) -> float:
         """Expected tokens per second of a round verifying k drafts on each of `rows` rows whose
-        longest committed context is `context`."""
-        seconds = self.cost.cost(rows, k + 1, context) + k * self.draft_s_per_token + self.overhead_s
+        longest committed context is `context` (drafting=False: without the in-line drafting time,
+        as when drafts stream in from concurrent workers)."""
+        seconds = self.verify_seconds(rows, k, context, regime) + (k * self.draft_s_per_token if drafting else 0.0)
         return rows * self.stats.expected_tokens(k) / max(seconds, 1e-6)
 
-    def best(self, rows: int, context: int | None = None) -> int:
-        return max(range(self.max_k + 1), key=lambda k: (self.throughput(rows, k, context), -k))
+    def best(self, rows: int, context: int | None = None, regime: str = "") -> int:
+        return max(range(self.max_k + 1), key=lambda k: (self.throughput(rows, k, context, regime), -k))
 
-    def choose(self, rows: int, context: int | None = None) -> int:
+    def choose(self, rows: int, context: int | None = None, regime: str = "") -> int:
         """The verify length for the next round of `rows` rows (recorded in `history`)."""
-        best = self.best(rows, context)
+        best = self.best(rows, context, regime)
         if self.current is None:
             self.current = best
-        elif best != self.current and self.throughput(rows, best, context) > (1 + self.hysteresis) * self.throughput(
-                rows, self.current, context):
+        elif best != self.current and self.throughput(rows, best, context, regime) > (
+                1 + self.hysteresis) * self.throughput(rows, self.current, context, regime):
             self.current = best
         if self.probe_from is not None:  # the round after a probe: did it change the choice?
             changed = self.current != self.probe_from
@@ -234,11 +259,14 @@ class VerifyLengthPolicy:
         return k
 
     def observe_round(self, k: int, verified_with: Sequence[int], accepted: Sequence[int], draft_s: float,
-                      round_s: float, rows: int, context: int | None = None) -> None:
-        """Fold in one finished round: its acceptance, its drafting time and its unexplained time."""
+                      round_s: float, rows: int, context: int | None = None, regime: str = "") -> None:
+        """Fold in one finished round: its acceptance, its drafting time and how far its other time
+        (verify, sampling, host work) was from the profile at its width."""
         if k > 0:
             self.stats.observe(verified_with, accepted)
             self.draft_s_per_token += self.decay * (draft_s / k - self.draft_s_per_token)
-        # May go negative: it also corrects a profile measured on a less busy machine.
-        predicted = self.cost.cost(rows, k + 1, context) + draft_s
-        self.overhead_s += self.decay * (round_s - predicted - self.overhead_s)
+        # clamped: one round disturbed by a collection or a page fault must not swing the estimate
+        ratio = min(max((round_s - draft_s) / max(self.cost.cost(rows, k + 1, context), 1e-9), MIN_SCALE), MAX_SCALE)
+        key = (regime, k + 1)
+        previous = self.scale.get(key)
+        self.scale[key] = ratio if previous is None else previous + self.decay * (ratio - previous)

@@ -150,6 +150,7 @@ class DraftWorker:
         if not slots:
             return None
         started = time.perf_counter()
+        self._share_prompts(slots)
         logits = torch.empty(len(slots), self.target_vocab_size)
         catch_up = [i for i, s in enumerate(slots) if self._unfed(self.rows[s]) > 1]
         single = [i for i, s in enumerate(slots) if self._unfed(self.rows[s]) == 1]
@@ -166,6 +167,36 @@ class DraftWorker:
             row.append(int(token))
         return Drafts(np.asarray(slots), positions.numpy(), tokens.numpy(), np.asarray(parents, dtype=np.int64),
                       time.perf_counter() - started, self.generation)
+
+    def _share_prompts(self, slots: list[int]) -> None:
+        """Rows not prefilled yet whose prompts are the same (a GRPO group): prefill each prompt once and
+        copy its KV to the others, which then feed only their own outputs."""
+        groups: dict[bytes, list[int]] = {}
+        for slot in slots:
+            row = self.rows[slot]
+            if row.kv == 0 and len(row.prompt) > 1:
+                groups.setdefault(row.prompt.tobytes(), []).append(slot)
+        shared = [group for group in groups.values() if len(group) > 1]
+        if not shared:
+            return
+        leaders = [group[0] for group in shared]
+        # all but the last prompt token: every row keeps a token to feed, whose logits it drafts from
+        prompts = [self.rows[slot].prompt[:-1] for slot in leaders]
+        width = max(len(p) for p in prompts)
+        tokens = torch.zeros(len(leaders), width, dtype=torch.long)
+        for i, prompt in enumerate(prompts):
+            tokens[i, : len(prompt)] = torch.from_numpy(prompt)
+        counts = torch.tensor([len(p) for p in prompts])
+        leader_ids = torch.tensor(leaders)
+        self.runner.set_lengths(leader_ids, torch.zeros_like(leader_ids))
+        self.runner.forward(tokens, leader_ids, counts, logits_at="none")
+        self.runner.commit(leader_ids, counts)
+        for group, count in zip(shared, counts.tolist()):
+            followers = torch.tensor(group[1:])
+            self.runner.cache.copy_prefix(torch.full_like(followers, group[0]), followers,
+                                          torch.full_like(followers, count))
+            for slot in group:
+                self.rows[slot].kv = count
 
     def _unfed(self, row: _Row) -> int:
         return len(row.prompt) + len(row.chain) - row.kv

@@ -32,6 +32,14 @@ def check_same_tokenizer(target_tokenizer: Any, draft_tokenizer: Any, draft_name
         )
 
 
+def share_prefill(tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """For rows tokens [R, W] with `lengths` [R] valid tokens: the index of the first row with the same
+    tokens and length (itself if none is earlier), so identical prompts are prefilled once: [R]."""
+    first: dict[tuple[int, ...], int] = {}
+    rows = [first.setdefault(tuple(row[:n].tolist()), i) for i, (row, n) in enumerate(zip(tokens, lengths.tolist()))]
+    return torch.tensor(rows, dtype=torch.long)
+
+
 @register_drafter("model")
 class ModelDrafter(Drafter):
     """Draft with a small LM; position-keyed noise couples its samples to the target's."""
@@ -64,15 +72,22 @@ class ModelDrafter(Drafter):
         self._fed_count = torch.zeros(num_slots, dtype=torch.long)
 
     def add_rows(self, state: SequenceState, slots: torch.Tensor) -> None:
-        """Prefill the prompts (without their last token) so the first propose is cheap."""
+        """Prefill the prompts (without their last token) so the first propose is cheap; rows with the
+        same prompt (a GRPO group) share one prefill and copy its KV."""
         self.runner.set_lengths(slots, torch.zeros_like(slots))
         self._fed_count[slots] = 0
         prompt_lengths = state.prompt_lengths[slots] - 1
         width = int(prompt_lengths.max())
-        if width > 0:
-            tokens, _ = state.gather(slots, torch.zeros_like(slots), width)
-            self.runner.forward(tokens, slots, prompt_lengths, logits_at="none")
-            self.runner.commit(slots, prompt_lengths)
+        if width <= 0:
+            return
+        tokens, _ = state.gather(slots, torch.zeros_like(slots), width)
+        leader_of = share_prefill(tokens, prompt_lengths)  # [R] row whose prefill each row reuses
+        leaders = torch.unique(leader_of)
+        self.runner.forward(tokens[leaders], slots[leaders], prompt_lengths[leaders], logits_at="none")
+        self.runner.commit(slots[leaders], prompt_lengths[leaders])
+        followers = (leader_of != torch.arange(len(slots))).nonzero().flatten()
+        if len(followers):
+            self.runner.cache.copy_prefix(slots[leader_of[followers]], slots[followers], prompt_lengths[followers])
 
     def _logits(self, logits: torch.Tensor) -> torch.Tensor:
         """Match the target's vocabulary width so token ids and noise line up: [..., V_target]."""

@@ -276,3 +276,31 @@ def test_buffers_keep_the_worker_chain_when_another_drafters_block_matches_it():
     assert buffers.count.tolist() == [1, 0]
     assert buffers.pending[0, 0] == 7 and buffers.pending_hash[0] == chain_hash([5, 6, 7])
     assert buffers.pending_hash[1] == buffers.committed_hash[1] == chain_hash([5, 9])
+
+
+def test_worker_prefills_a_shared_prompt_once_and_drafts_as_if_alone(target):
+    """A GRPO group (rows with the same prompt) is prefilled once; every row drafts what it would alone."""
+    spec = SamplingSpec(1.0, 0, 1.0, 20)
+    prompts = [np.array([5, 6, 7, 8]), np.array([5, 6, 7, 8]), np.array([9, 6, 7]), np.array([5, 6, 7, 8])]
+    outputs = [np.array([], dtype=np.int64), np.array([3, 4], dtype=np.int64), np.array([], dtype=np.int64),
+               np.array([], dtype=np.int64)]
+
+    def drafts_of(rows: list[int]) -> tuple[dict[int, list[int]], int]:
+        worker = DraftWorker(target, target.config.vocab_size)
+        worker.handle(Reset(4, 64, spec, window=3, generation=1))
+        worker.handle(AddRows(np.array(rows), np.array([100 + r for r in rows]), [prompts[r] for r in rows],
+                              [outputs[r] for r in rows]))
+        forwarded = []
+        forward = worker.runner.forward
+        worker.runner.forward = lambda tokens, *a, **kw: forwarded.append(int(tokens.numel())) or forward(tokens, *a, **kw)
+        got: dict[int, list[int]] = {r: [] for r in rows}
+        while (step := worker.step()) is not None:
+            for slot, token in zip(step.slots.tolist(), step.tokens.tolist()):
+                got[slot].append(token)
+        return got, sum(forwarded)
+
+    together, fed_together = drafts_of([0, 1, 2, 3])
+    alone = {r: drafts_of([r])[0][r] for r in range(4)}
+    assert together == alone
+    fed_alone = sum(drafts_of([r])[1] for r in range(4))
+    assert fed_together < fed_alone  # rows 1 and 3 reused row 0's prompt

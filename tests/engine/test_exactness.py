@@ -180,3 +180,21 @@ def test_rejection_rule_greedy_is_exact_and_sampling_runs(fp64_target):
                   k=3, acceptance_rule="rejection")
     assert sampled.stats.acceptance_rate == 1.0  # q == p: min(1, p/q) = 1
     assert all(o.finish_reason in ("stop", "length") for o in sampled.outputs)
+
+
+def test_model_drafter_prefills_each_distinct_prompt_once(fp64_target):
+    """Samples of one prompt share the drafter's prefill (KV copied); drafts stay those of the target."""
+    drafter = make_drafter("self", fp64_target, torch.float64)
+    prefill_rows: list[int] = []
+    forward = drafter.runner.forward
+
+    def recording(tokens, slots, counts=None, logits_at="all"):
+        if logits_at == "none":  # the prompts' prefill
+            prefill_rows.append(len(slots))
+        return forward(tokens, slots, counts, logits_at=logits_at)
+
+    drafter.runner.forward = recording
+    params = sampling(1.0, max_new_tokens=11, ignore_eos=True, n=3)
+    result = run(fp64_target, ragged_requests(2), params, "coupled", [drafter], k=2)
+    assert prefill_rows == [2]  # 6 rows, 2 distinct prompts
+    assert result.stats.acceptance_rate == 1.0  # the copied KV is the prompt's own

@@ -149,13 +149,29 @@ def test_acceptance_stats_fold_supply_into_acceptance():
     assert stats.accept_through == pytest.approx([1.0, 0.5, 0.25])
 
 
-def test_overhead_and_draft_cost_are_learned_from_rounds():
+def test_calibration_and_draft_cost_are_learned_from_rounds():
     policy = policy_with(linear_table(0.1, 0.0), [0.5, 0.3, 0.1, 0.05], decay=1.0)
     assert policy.best(2) == 4  # free drafts, flat verify cost: as deep as possible
     policy.observe_round(2, [2, 2], [1, 0], draft_s=0.2, round_s=0.5, rows=2)
     assert policy.draft_s_per_token == pytest.approx(0.1)
-    assert policy.overhead_s == pytest.approx(0.5 - 0.1 - 0.2)
+    assert policy.calibration(3) == pytest.approx((0.5 - 0.2) / 0.1)  # observed width 3: 3x the profile
+    assert policy.calibration(5) == pytest.approx(3.0)  # unobserved widths borrow the nearest observed one
+    assert policy.calibration(3, regime="other") == 1.0  # another thread arrangement: nothing observed yet
     policy.stats.accept_through = [0.5, 0.3, 0.1, 0.05]
-    # each draft now costs as much as the verify itself: E[1]/0.4 = 3.75 beats E[2]/0.5 = 3.6 and E[0]/0.3
+    # each draft costs a third of the (calibrated) verify: E[1]/0.4 = 3.75 beats E[2]/0.5 = 3.6 and E[0]/0.3
     assert policy.best(2) == 1
+
+
+def test_per_width_calibration_undoes_a_profile_that_overestimates_plain_rounds():
+    """A profile that says plain rounds cost 0.5 s when they take 0.3 s, but gets wider rounds right,
+    made wider rounds look relatively cheap; once both widths are observed the policy decodes plainly."""
+    true_cost = linear_table(0.0, 0.01)  # compute-bound: 0.32 s for 32 rows x width 1, 0.64 s at width 2
+    skewed = CostTable(BATCHES, WIDTHS, tuple(tuple(c * (5 / 3 if w == 1 else 1.0) for w, c in zip(WIDTHS, row))
+                                              for row in true_cost.seconds))
+    policy = policy_with(skewed, [0.7, 0.5, 0.3, 0.1], decay=1.0)
+    assert policy.best(32) > 0  # misled: 32 x 1.7 / 0.64 beats 32 / 0.53
+    for k in (0, 1, 2, 3, 4):  # one observed round at every width, at the true cost
+        policy.observe_round(k, [k] * 32, [0] * 32, draft_s=0.0, round_s=true_cost.cost(32, k + 1), rows=32)
+    policy.stats.accept_through = [0.7, 0.5, 0.3, 0.1]
+    assert policy.best(32) == analytic_best(true_cost, [0.7, 0.5, 0.3, 0.1], 32) == 0
 
