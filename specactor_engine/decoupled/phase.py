@@ -10,9 +10,10 @@ faster one (tokens per second, measured) for an exploit period. The first `warmu
 explored arm are not measured: a drafter resumed after a pause first catches up on the tokens
 committed meanwhile. Exploring the losing arm costs time, so each time the same arm wins again its
 exploit period doubles (up to `max_exploit_rounds`); a change of winner resets it. Before exploring
-the workers' arm the caller may give its optimistic rate (every draft accepted, at the verify cost
-measured on the verifier's threads); when even that is below the measured plain rate the
-exploration is skipped, which is what keeps a compute-bound full batch at `ar` speed. A pure
+the workers' arm the caller may give the rate it expects of that arm at best (the engine: the best
+verify length for the acceptance seen so far, at the verify cost on the verifier's threads, scaled
+by what that arm's rounds took once it has run); when even that is below the measured plain rate
+the exploration is skipped, which is what keeps a compute-bound full batch at `ar` speed. A pure
 policy over observations, unit-tested on its own.
 """
 
