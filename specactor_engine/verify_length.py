@@ -12,10 +12,10 @@ A pure policy over statistics (no torch, no engine), so it can be unit-tested on
 - `VerifyLengthPolicy.choose(rows)`: the k in 0..max_k maximising expected emitted tokens per
   second, rows * E[k] / (verify(rows, k+1) x calibration(k+1) + draft(k)), where
   E[k] = 1 + sum_{j<=k} q_j. k = 0 is plain decoding. The current k changes only when another
-  is better by more than the hysteresis. While k is below max_k it verifies max_k once every
-  `probe_every` rounds, so the statistics of the deeper positions stay fresh; a probe that
-  changes nothing doubles the interval (up to `max_probe_every`), since a probe round costs
-  what a deep verify costs.
+  is better by more than the hysteresis. Once every `probe_every` rounds it verifies max_k (so
+  the statistics of the deeper positions stay fresh) or 0 (so the calibration below knows what
+  plain rounds really cost), whichever ran least recently; a probe that changes nothing doubles
+  the interval (up to `max_probe_every`), since a probe round costs what a deep verify costs.
 - The profile is measured once, on an idle model and maybe another load of the machine; what a
   round really costs drifts from it (host work, sampling, other processes), and not by the same
   factor at every width. Each finished round therefore updates an EMA of observed / profiled
@@ -207,6 +207,7 @@ class VerifyLengthPolicy:
     rounds_since_probe: int = 0
     probe_interval: int = 0  # current interval (starts at probe_every)
     probe_from: int | None = None  # the length in force when the last probe ran, until the next choice
+    seen_at: dict[tuple[str, int], int] = field(default_factory=dict)  # (regime, width) -> round last observed
     history: list[int] = field(default_factory=list)
 
     @property
@@ -240,6 +241,7 @@ class VerifyLengthPolicy:
     def choose(self, rows: int, context: int | None = None, regime: str = "") -> int:
         """The verify length for the next round of `rows` rows (recorded in `history`)."""
         best = self.best(rows, context, regime)
+        previous = self.current
         if self.current is None:
             self.current = best
         elif best != self.current and self.throughput(rows, best, context, regime) > (
@@ -250,13 +252,22 @@ class VerifyLengthPolicy:
             self.probe_interval = self.probe_every if changed else min(2 * self.probe_interval, self.max_probe_every)
             self.probe_from = None
         k = self.current
-        # rounds at max_k refresh every position's statistics themselves
-        self.rounds_since_probe = 0 if k == self.max_k else self.rounds_since_probe + 1
+        target = self._probe_target(k, regime)
+        # a new length in force starts its own interval (its first round counts)
+        self.rounds_since_probe = 1 if k != previous else 0 if target is None else self.rounds_since_probe + 1
         self.probe_interval = self.probe_interval or self.probe_every
-        if k < self.max_k and self.probe_every and self.rounds_since_probe >= self.probe_interval:
-            self.probe_from, k, self.rounds_since_probe = k, self.max_k, 0
+        if target is not None and self.probe_every and self.rounds_since_probe >= self.probe_interval:
+            self.probe_from, k, self.rounds_since_probe = k, target, 0
         self.history.append(k)
         return k
+
+    def _probe_target(self, k: int, regime: str) -> int | None:
+        """The length a due probe verifies: max_k (fresh statistics for the deep positions) or 0 (the true
+        cost of plain rounds: the calibration only learns a width by running it, and a profile's error
+        between widths is what makes speculation look cheaper than it is), whichever was run least
+        recently; None at a length that is both (never: max_k > 0)."""
+        ends = [end for end in (0, self.max_k) if end != k]
+        return min(ends, key=lambda end: self.seen_at.get((regime, end + 1), -1)) if ends else None
 
     def observe_round(self, k: int, verified_with: Sequence[int], accepted: Sequence[int], draft_s: float,
                       round_s: float, rows: int, context: int | None = None, regime: str = "") -> None:
@@ -268,5 +279,6 @@ class VerifyLengthPolicy:
         # clamped: one round disturbed by a collection or a page fault must not swing the estimate
         ratio = min(max((round_s - draft_s) / max(self.cost.cost(rows, k + 1, context), 1e-9), MIN_SCALE), MAX_SCALE)
         key = (regime, k + 1)
+        self.seen_at[key] = len(self.history)
         previous = self.scale.get(key)
         self.scale[key] = ratio if previous is None else previous + self.decay * (ratio - previous)

@@ -175,3 +175,24 @@ def test_per_width_calibration_undoes_a_profile_that_overestimates_plain_rounds(
     policy.stats.accept_through = [0.7, 0.5, 0.3, 0.1]
     assert policy.best(32) == analytic_best(true_cost, [0.7, 0.5, 0.3, 0.1], 32) == 0
 
+
+
+def test_while_speculating_it_probes_plain_decoding_and_the_calibration_then_corrects_a_misleading_profile():
+    true_cost = linear_table(0.0, 0.01)
+    skewed = CostTable(BATCHES, WIDTHS, tuple(tuple(c * (5 / 3 if w == 1 else 1.0) for w, c in zip(WIDTHS, row))
+                                              for row in true_cost.seconds))
+    accept = [0.7, 0.5, 0.3, 0.1]
+    policy = VerifyLengthPolicy(skewed, AcceptanceStats(max_k=4, accept_through=list(accept)), probe_every=4,
+                                decay=1.0)
+    chosen = []
+    for _ in range(12):
+        k = policy.choose(32)
+        chosen.append(k)
+        policy.observe_round(k, [k] * 32, [0] * 32, draft_s=0.0, round_s=true_cost.cost(32, k + 1), rows=32)
+        policy.stats.accept_through = list(accept)  # acceptance held fixed: only the cost is learned
+    first = chosen[0]
+    assert first > 0  # misled by the profile
+    assert chosen[:4] == [first, first, first, 0]  # the first probe runs plain decoding, never seen yet
+    # its true cost, once seen, wins (analytically best: 0); the deep positions are still probed now and then
+    assert chosen[4:] == [0, 0, 0, 4, 0, 0, 0, 0]
+    assert analytic_best(true_cost, accept, 32) == 0
