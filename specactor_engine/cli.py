@@ -276,6 +276,9 @@ def drafter_distill(
     bf16_autocast: Annotated[bool, typer.Option(
         "--bf16-autocast/--no-bf16-autocast", help="Teacher pass and training steps with bfloat16 matmuls "
         "(weights and optimizer stay in --dtype): about 2x faster on CPUs with AVX-512 BF16.")] = True,
+    lr_decay: Annotated[bool, typer.Option(
+        "--lr-decay/--constant-lr", help="Warm up for 10 steps, then decay the learning rate linearly to a tenth "
+        "by the last step or the end of --max-minutes, whichever comes first.")] = True,
     cache_dir: CacheDirOption = None,
 ) -> None:
     """Distil a draft model from a target on its own samples (progress bar, resumable, HF output)."""
@@ -325,7 +328,7 @@ def drafter_distill(
         budget = max_minutes * 60 - (time.monotonic() - started) if max_minutes is not None else None
         settings = DistillSettings(steps=steps, batch_size=batch_size, lr=lr, save_every=save_every, seed=seed,
                                    max_seconds=max(budget, 0.0) if budget is not None else None,
-                                   freeze_embeddings=freeze_embeddings, autocast=autocast)
+                                   freeze_embeddings=freeze_embeddings, autocast=autocast, lr_decay=lr_decay)
         with _progress() as progress:
             task = progress.add_task("distilling", total=steps, loss=float("nan"))
             result = distill(model, tokenizer, pairs, out, settings, soft=soft,

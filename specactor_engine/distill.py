@@ -116,6 +116,10 @@ class Distiller:
         self.steps += 1
         return loss.item()
 
+    def set_lr(self, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
     def finish(self) -> None:
         """Back to how drafters run the model: eval mode, no gradients."""
         self.model.eval().requires_grad_(False)

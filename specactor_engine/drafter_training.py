@@ -49,6 +49,25 @@ class DistillSettings:
     seed: int = 0
     freeze_embeddings: bool = False
     autocast: torch.dtype | None = None  # mixed precision for the forward/backward (weights stay in their dtype)
+    lr_decay: bool = False  # warm up, then decay linearly to `lr_floor` x lr over the run's horizon
+    warmup_steps: int = 10
+    lr_floor: float = 0.1
+
+
+def scheduled_lr(settings: DistillSettings, step: int, elapsed_s: float) -> float:
+    """The learning rate for optimizer step `step` (0-based) after `elapsed_s` seconds of training.
+
+    With a time budget the horizon is whichever comes first, the last step or the budget's end, so a
+    time-limited run still ends at the low rate (where most of the final loss is gained).
+    """
+    if not settings.lr_decay:
+        return settings.lr
+    if step < settings.warmup_steps:
+        return settings.lr * (step + 1) / settings.warmup_steps
+    progress = step / max(settings.steps, 1)
+    if settings.max_seconds:
+        progress = max(progress, elapsed_s / settings.max_seconds)
+    return settings.lr * max(1.0 - (1.0 - settings.lr_floor) * min(progress, 1.0), settings.lr_floor)
 
 
 @torch.no_grad()
@@ -155,6 +174,7 @@ def distill(model: nn.Module, tokenizer: Any, pairs: list[tuple[list[int], list[
             if settings.max_seconds is not None and time.perf_counter() - started > settings.max_seconds:
                 logger.info("time budget reached at step %d", distiller.steps)
                 break
+            distiller.set_lr(scheduled_lr(settings, distiller.steps, time.perf_counter() - started))
             losses.append(distiller.step(usable, settings.batch_size, soft_usable))
             if on_step is not None:
                 on_step(distiller.steps, losses[-1])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from specactor_engine.distill import DistillBudget, distill_on_rollouts
@@ -52,3 +53,17 @@ def test_soft_targets_bring_the_drafter_closer_to_the_target_than_sampled_tokens
         distiller.finish()
         results[name] = kl_to_target(draft)
     assert results["soft"] < 0.8 * results["hard"], results
+
+
+def test_learning_rate_warms_up_then_decays_to_the_floor_by_the_first_horizon():
+    from specactor_engine.drafter_training import DistillSettings, scheduled_lr
+
+    settings = DistillSettings(steps=100, lr=1e-3, lr_decay=True, warmup_steps=10, lr_floor=0.1)
+    assert scheduled_lr(settings, 0, 0.0) == pytest.approx(1e-4)  # warm-up: 1/10 of the rate
+    assert scheduled_lr(settings, 9, 0.0) == pytest.approx(1e-3)
+    assert scheduled_lr(settings, 50, 0.0) == pytest.approx(1e-3 * (1 - 0.9 * 0.5))  # halfway by steps
+    assert scheduled_lr(settings, 100, 0.0) == pytest.approx(1e-4)  # the floor at the last step
+    timed = DistillSettings(steps=1000, lr=1e-3, lr_decay=True, max_seconds=60.0)
+    assert scheduled_lr(timed, 20, 45.0) == pytest.approx(1e-3 * (1 - 0.9 * 0.75))  # the budget comes first
+    assert scheduled_lr(timed, 20, 90.0) == pytest.approx(1e-4)
+    assert scheduled_lr(DistillSettings(lr=1e-3), 50, 30.0) == 1e-3  # lr_decay off: constant
