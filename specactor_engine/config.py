@@ -259,12 +259,16 @@ class DrafterSyncConfig(_Frozen):
     distill_seconds: float = Field(60.0, gt=0, description="Time budget per sync for distillation.")
     distill_lr: float = Field(1e-4, gt=0, description="Drafter distillation learning rate.")
     distill_batch_size: int = Field(8, ge=1, description="Sequences per distillation step.")
+    soft_top_k: int = Field(32, ge=0, description="Train on the new policy's top-k next-token distribution at every "
+                            "rollout position, as `specactor drafter distill` does (0: on the sampled tokens only).")
+    freeze_embeddings: bool = Field(True, description="Keep model drafters' (tied) embeddings fixed while refreshing.")
     collapse_ratio: float = Field(0.5, gt=0, le=1, description="Alarm when acceptance < ratio x previous step.")
 
     def budget(self) -> Any:
         from specactor_engine.distill import DistillBudget
 
-        return DistillBudget(self.distill_steps, self.distill_seconds, self.distill_batch_size, self.distill_lr)
+        return DistillBudget(self.distill_steps, self.distill_seconds, self.distill_batch_size, self.distill_lr,
+                             freeze_embeddings=self.freeze_embeddings)
 
 
 class WandbConfig(_Frozen):

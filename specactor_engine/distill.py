@@ -28,6 +28,7 @@ class DistillBudget:
     batch_size: int = 8
     lr: float = 1e-4
     seed: int = 0
+    freeze_embeddings: bool = False
 
 
 SoftTargets = tuple[torch.Tensor, torch.Tensor]  # per sample: target top-k ids [L, k], log-probs [L, k]
@@ -134,21 +135,26 @@ class Distiller:
 
 
 def distill_on_rollouts(model: nn.Module, sequences: Sequence[tuple[list[int], list[int]]],
-                        budget: DistillBudget = DistillBudget()) -> dict[str, float]:
+                        budget: DistillBudget = DistillBudget(),
+                        soft: Sequence[SoftTargets] | None = None) -> dict[str, float]:
     """Train `model` in place on (prompt_ids, output_ids) pairs; returns loss before/after and steps.
 
-    The model is put back in eval mode without gradients afterwards (as drafters run it).
+    soft: per pair, the target's top-k next-token log-probs at its output positions (`teacher_topk`);
+    without them the loss is cross-entropy on the sampled tokens. The model is put back in eval mode
+    without gradients afterwards (as drafters run it).
     """
-    usable = [(p, o) for p, o in sequences if o]
+    keep = [i for i, (_, o) in enumerate(sequences) if o]
+    usable = [sequences[i] for i in keep]
+    soft_usable = [soft[i] for i in keep] if soft is not None else None
     if not usable:
         return {"distill_steps": 0.0}
-    distiller = Distiller(model, budget.lr, budget.seed)
+    distiller = Distiller(model, budget.lr, budget.seed, freeze_embeddings=budget.freeze_embeddings)
     started, losses = time.perf_counter(), []
     try:
         for _ in range(budget.max_steps):
             if time.perf_counter() - started > budget.max_seconds:
                 break
-            losses.append(distiller.step(usable, budget.batch_size))
+            losses.append(distiller.step(usable, budget.batch_size, soft_usable))
     finally:
         distiller.finish()
     if not losses:

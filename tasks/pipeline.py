@@ -285,15 +285,25 @@ def refresh_drafters(host: RunHost, records: list[dict[str, Any]], version: int)
     from specactor_engine.distill import distill_on_rollouts
 
     metrics: dict[str, float] = {}
+    sync = host.config.train.drafter_sync
     sequences = [(r["prompt_token_ids"], r["token_ids"]) for r in records if r["token_ids"]]
+    workers = host.engine.worker_drafter  # decoupled: the verifier's copy of the workers' model
+    models = [d.runner.model for d in host.engine.drafters if hasattr(d, "runner")]
+    soft = None
+    if sync.soft_top_k and sequences and (models or workers is not None):
+        from specactor_engine.drafter_training import teacher_topk
+
+        # the engine holds the new policy already: its distributions on the step's rollouts
+        started = time.perf_counter()
+        soft = teacher_topk(host.engine.runner.model, sequences, sync.soft_top_k)
+        metrics["sync/teacher_seconds"] = time.perf_counter() - started
     for drafter in host.engine.drafters:
         if hasattr(drafter, "runner"):
-            result = distill_on_rollouts(drafter.runner.model, sequences, host.config.train.drafter_sync.budget())
+            result = distill_on_rollouts(drafter.runner.model, sequences, sync.budget(), soft)
             metrics.update({f"drafter/{drafter.name}/{k}": v for k, v in result.items()})
         drafter.version = version
-    workers = host.engine.worker_drafter  # decoupled: the verifier's copy of the workers' model
     if workers is not None:
-        result = distill_on_rollouts(workers.model, sequences, host.config.train.drafter_sync.budget())
+        result = distill_on_rollouts(workers.model, sequences, sync.budget(), soft)
         metrics.update({f"drafter/{workers.name}/{k}": v for k, v in result.items()})
     return metrics
 

@@ -67,3 +67,18 @@ def test_learning_rate_warms_up_then_decays_to_the_floor_by_the_first_horizon():
     assert scheduled_lr(timed, 20, 45.0) == pytest.approx(1e-3 * (1 - 0.9 * 0.75))  # the budget comes first
     assert scheduled_lr(timed, 20, 90.0) == pytest.approx(1e-4)
     assert scheduled_lr(DistillSettings(lr=1e-3), 50, 30.0) == 1e-3  # lr_decay off: constant
+
+
+def test_the_pipeline_refresh_trains_on_the_new_policys_distributions_with_embeddings_fixed():
+    from specactor_engine.drafter_training import teacher_topk
+
+    target = make_tiny_model("llama", seed=0, init_range=0.5)
+    rollouts = run(target, ragged_requests(8, seed=9), sampling(1.0, max_new_tokens=16, ignore_eos=True)).outputs
+    pairs = [(o.prompt_token_ids, o.token_ids) for o in rollouts]
+    drafter = make_drafter("model", target, torch.float32)
+    model = drafter.runner.model
+    embeddings = model.get_input_embeddings().weight.detach().clone()
+    metrics = distill_on_rollouts(model, pairs, DistillBudget(max_steps=30, lr=3e-3, freeze_embeddings=True),
+                                  soft=teacher_topk(target, pairs, k=8))
+    assert metrics["distill_loss_last"] < metrics["distill_loss_first"]
+    assert torch.equal(model.get_input_embeddings().weight, embeddings)
