@@ -134,7 +134,7 @@ $(DRAFTER_SMOLLM2)/.complete: | $(STAMP)
 	$(BIN)/specactor prompts --task basic_arithmetic --count 48 --seed 1000 --out $(DRAFTER_SMOLLM2)-data/basic.jsonl
 	cat $(DRAFTER_SMOLLM2)-data/chain_sum.jsonl $(DRAFTER_SMOLLM2)-data/basic.jsonl > $(DRAFTER_SMOLLM2)-data/prompts.jsonl
 	$(BIN)/specactor drafter distill --target smollm2-135m-instruct --init-layers 8 \
-		--data $(DRAFTER_SMOLLM2)-data/prompts.jsonl --samples 2 --max-new-tokens 256 --batch-size 8 --lr 1e-3 \
+		--data $(DRAFTER_SMOLLM2)-data/prompts.jsonl --samples 2 --max-new-tokens 256 --batch-size 8 --lr 1e-3 --constant-lr \
 		--steps 3000 --max-minutes 14.5 --out $(DRAFTER_SMOLLM2)
 	touch $@
 
