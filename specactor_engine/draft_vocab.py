@@ -47,7 +47,9 @@ class SubsetHead(nn.Module):
         if self.weight.requires_grad and torch.is_grad_enabled():
             return self.weight[self.token_ids]  # training: keep the graph to the full weight
         version = self.weight._version
-        if self._rows is None or self._rows_version != version:
+        # rows cached while drafting (inference mode) cannot enter a graph: training with a frozen head rebuilds them
+        stale_mode = self._rows is not None and self._rows.is_inference() and not torch.is_inference_mode_enabled()
+        if self._rows is None or self._rows_version != version or stale_mode:
             with torch.no_grad():
                 self._rows = self.weight[self.token_ids].contiguous()
             self._rows_version = version

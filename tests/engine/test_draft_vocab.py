@@ -101,3 +101,15 @@ def test_rollouts_with_a_subset_head_drafter_equal_plain_decoding(temperature: f
         assert token_ids(speculative) == token_ids(plain)
     stats = speculative.stats
     assert 0 < stats.accepted_tokens < stats.drafted_tokens  # tokens outside the subset are never drafted
+
+
+def test_a_frozen_subset_head_used_while_drafting_can_then_be_trained_through():
+    """The pipeline refreshes a drafter right after it drafted (inference mode) with its tied head frozen:
+    the rows cached while drafting must not leak into the training graph."""
+    weight = torch.nn.Parameter(torch.randn(10, 4), requires_grad=False)
+    head = SubsetHead(weight, torch.tensor([1, 3, 5]))
+    with torch.inference_mode():
+        head(torch.randn(2, 4))  # drafting caches W[token_ids] as an inference tensor
+    hidden = torch.randn(2, 4, requires_grad=True)
+    head.subset_logits(hidden).sum().backward()
+    assert hidden.grad is not None
