@@ -182,16 +182,8 @@ class DraftWorker:
         leaders = [group[0] for group in shared]
         # all but the last prompt token: every row keeps a token to feed, whose logits it drafts from
         prompts = [self.rows[slot].prompt[:-1] for slot in leaders]
-        width = max(len(p) for p in prompts)
-        tokens = torch.zeros(len(leaders), width, dtype=torch.long)
-        for i, prompt in enumerate(prompts):
-            tokens[i, : len(prompt)] = torch.from_numpy(prompt)
-        counts = torch.tensor([len(p) for p in prompts])
-        leader_ids = torch.tensor(leaders)
-        self.runner.set_lengths(leader_ids, torch.zeros_like(leader_ids))
-        self.runner.forward(tokens, leader_ids, counts, logits_at="none")
-        self.runner.commit(leader_ids, counts)
-        for group, count in zip(shared, counts.tolist()):
+        self._append(leaders, prompts, [0] * len(leaders), logits_at="none")
+        for group, count in zip(shared, [len(p) for p in prompts]):
             followers = torch.tensor(group[1:])
             self.runner.cache.copy_prefix(torch.full_like(followers, group[0]), followers,
                                           torch.full_like(followers, count))
@@ -205,18 +197,23 @@ class DraftWorker:
         """Forward every not-yet-cached token of these rows; logits at each row's last: [R, V_target]."""
         rows = [self.rows[s] for s in slots]
         pieces = [np.concatenate([r.prompt, np.asarray(r.chain, dtype=np.int64)])[r.kv :] for r in rows]
-        width = max(len(p) for p in pieces)
-        tokens = torch.zeros(len(rows), width, dtype=torch.long)
+        logits = self._append(slots, pieces, [r.kv for r in rows], logits_at="last")
+        for row, piece in zip(rows, pieces):
+            row.kv += len(piece)
+        return self._match_vocab(logits)
+
+    def _append(self, slots: list[int], pieces: list[np.ndarray], starts: list[int], logits_at: str) -> torch.Tensor:
+        """Forward pieces[i] after the first starts[i] cached tokens of slots[i] (right-padded into one
+        batch) and commit them to the KV cache; returns the runner's logits."""
+        tokens = torch.zeros(len(pieces), max(len(p) for p in pieces), dtype=torch.long)
         for i, piece in enumerate(pieces):
             tokens[i, : len(piece)] = torch.from_numpy(piece)
         counts = torch.tensor([len(p) for p in pieces])
         slot_ids = torch.tensor(slots)
-        self.runner.set_lengths(slot_ids, torch.tensor([r.kv for r in rows]))
-        logits = self.runner.forward(tokens, slot_ids, counts, logits_at="last")
+        self.runner.set_lengths(slot_ids, torch.tensor(starts))
+        logits = self.runner.forward(tokens, slot_ids, counts, logits_at=logits_at)
         self.runner.commit(slot_ids, counts)
-        for row, count in zip(rows, counts.tolist()):
-            row.kv += count
-        return self._match_vocab(logits)
+        return logits
 
     def _match_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         width = logits.shape[-1]
