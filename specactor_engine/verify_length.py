@@ -23,6 +23,11 @@ A pure policy over statistics (no torch, no engine), so it can be unit-tested on
   paused), and every prediction is scaled by it. A width not observed yet borrows the nearest
   observed width's factor. An additive correction would not do: a profile that overestimates
   plain rounds would then make every wider round look cheaper than it is.
+- The factor also differs with the batch: host work weighs more at one row than at 32, so a
+  factor learned in one step's long tail (or a one-row warm-up) misjudges the next step's full
+  batch. Factors are therefore kept per batch bucket (the profile's nearest measured batch size,
+  in log scale); a width not observed in a bucket borrows from the same bucket first, then from
+  the nearest bucket.
 """
 
 from __future__ import annotations
@@ -200,32 +205,39 @@ class VerifyLengthPolicy:
     probe_every: int = 16  # rounds before the first probe at max_k while k < max_k (0: never)
     max_probe_every: int = 256
     draft_s_per_token: float = 0.0  # EMA of drafting seconds per draft position (all rows at once)
-    # (regime, width) -> EMA of observed / profiled seconds of a round's verify and host work
-    scale: dict[tuple[str, int], float] = field(default_factory=dict)
+    # (regime, batch bucket, width) -> EMA of observed / profiled seconds of a round's verify and host work
+    scale: dict[tuple[str, int, int], float] = field(default_factory=dict)
     decay: float = 0.2
     current: int | None = None
     rounds_since_probe: int = 0
     probe_interval: int = 0  # current interval (starts at probe_every)
     probe_from: int | None = None  # the length in force when the last probe ran, until the next choice
-    seen_at: dict[tuple[str, int], int] = field(default_factory=dict)  # (regime, width) -> round last observed
+    # (regime, batch bucket, width) -> round last observed
+    seen_at: dict[tuple[str, int, int], int] = field(default_factory=dict)
     history: list[int] = field(default_factory=list)
 
     @property
     def max_k(self) -> int:
         return self.stats.max_k
 
-    def calibration(self, width: int, regime: str = "") -> float:
-        """Observed / profiled round time at `width` under `regime`; unobserved widths borrow the nearest
-        observed one's (the narrower on a tie), and with nothing observed it is 1."""
-        observed = [w for (r, w) in self.scale if r == regime]
+    def bucket(self, rows: int) -> int:
+        """The profile's measured batch size nearest to `rows` (in log scale): calibration is kept per bucket."""
+        return min(self.cost.batch_sizes, key=lambda b: (abs(np.log(b) - np.log(max(rows, 1))), b))
+
+    def calibration(self, width: int, regime: str = "", rows: int = 1) -> float:
+        """Observed / profiled round time at `width` for a batch of `rows` under `regime`. A width not
+        observed in this batch bucket borrows the nearest observed width's factor of the bucket (the
+        narrower on a tie), then of the nearest bucket; with nothing observed it is 1."""
+        observed = [(b, w) for (r, b, w) in self.scale if r == regime]
         if not observed:
             return 1.0
-        nearest = min(observed, key=lambda w: (abs(w - width), w))
-        return self.scale[(regime, nearest)]
+        here, log = self.bucket(rows), np.log
+        b, w = min(observed, key=lambda bw: (abs(log(bw[0]) - log(here)), bw[0], abs(bw[1] - width), bw[1]))
+        return self.scale[(regime, b, w)]
 
     def verify_seconds(self, rows: int, k: int, context: int | None = None, regime: str = "") -> float:
         """Predicted seconds of a verify round (forward, sampling, host work) with k drafts per row."""
-        return self.cost.cost(rows, k + 1, context) * self.calibration(k + 1, regime)
+        return self.cost.cost(rows, k + 1, context) * self.calibration(k + 1, regime, rows)
 
     def throughput(self, rows: int, k: int, context: int | None = None, regime: str = "",
                    drafting: bool = True) -> float:
@@ -252,7 +264,7 @@ class VerifyLengthPolicy:
             self.probe_interval = self.probe_every if changed else min(2 * self.probe_interval, self.max_probe_every)
             self.probe_from = None
         k = self.current
-        target = self._probe_target(k, regime)
+        target = self._probe_target(k, regime, rows)
         # a new length in force starts its own interval (its first round counts)
         self.rounds_since_probe = 1 if k != previous else 0 if target is None else self.rounds_since_probe + 1
         self.probe_interval = self.probe_interval or self.probe_every
@@ -261,13 +273,14 @@ class VerifyLengthPolicy:
         self.history.append(k)
         return k
 
-    def _probe_target(self, k: int, regime: str) -> int | None:
+    def _probe_target(self, k: int, regime: str, rows: int) -> int | None:
         """The length a due probe verifies: max_k (fresh statistics for the deep positions) or 0 (the true
         cost of plain rounds: the calibration only learns a width by running it, and a profile's error
         between widths is what makes speculation look cheaper than it is), whichever was run least
         recently; None at a length that is both (never: max_k > 0)."""
         ends = [end for end in (0, self.max_k) if end != k]
-        return min(ends, key=lambda end: self.seen_at.get((regime, end + 1), -1)) if ends else None
+        bucket = self.bucket(rows)
+        return min(ends, key=lambda end: self.seen_at.get((regime, bucket, end + 1), -1)) if ends else None
 
     def observe_round(self, k: int, verified_with: Sequence[int], accepted: Sequence[int], draft_s: float,
                       round_s: float, rows: int, context: int | None = None, regime: str = "") -> None:
@@ -278,7 +291,7 @@ class VerifyLengthPolicy:
             self.draft_s_per_token += self.decay * (draft_s / k - self.draft_s_per_token)
         # clamped: one round disturbed by a collection or a page fault must not swing the estimate
         ratio = min(max((round_s - draft_s) / max(self.cost.cost(rows, k + 1, context), 1e-9), MIN_SCALE), MAX_SCALE)
-        key = (regime, k + 1)
+        key = (regime, self.bucket(rows), k + 1)
         self.seen_at[key] = len(self.history)
         previous = self.scale.get(key)
         self.scale[key] = ratio if previous is None else previous + self.decay * (ratio - previous)

@@ -154,9 +154,10 @@ def test_calibration_and_draft_cost_are_learned_from_rounds():
     assert policy.best(2) == 4  # free drafts, flat verify cost: as deep as possible
     policy.observe_round(2, [2, 2], [1, 0], draft_s=0.2, round_s=0.5, rows=2)
     assert policy.draft_s_per_token == pytest.approx(0.1)
-    assert policy.calibration(3) == pytest.approx((0.5 - 0.2) / 0.1)  # observed width 3: 3x the profile
-    assert policy.calibration(5) == pytest.approx(3.0)  # unobserved widths borrow the nearest observed one
-    assert policy.calibration(3, regime="other") == 1.0  # another thread arrangement: nothing observed yet
+    assert policy.calibration(3, rows=2) == pytest.approx((0.5 - 0.2) / 0.1)  # observed width 3: 3x the profile
+    assert policy.calibration(5, rows=2) == pytest.approx(3.0)  # unobserved widths borrow the nearest observed one
+    assert policy.calibration(3, regime="other", rows=2) == 1.0  # another thread arrangement: nothing observed yet
+    assert policy.calibration(1, rows=32) == pytest.approx(3.0)  # another batch bucket borrows until it is observed
     policy.stats.accept_through = [0.5, 0.3, 0.1, 0.05]
     # each draft costs a third of the (calibrated) verify: E[1]/0.4 = 3.75 beats E[2]/0.5 = 3.6 and E[0]/0.3
     assert policy.best(2) == 1
@@ -196,3 +197,29 @@ def test_while_speculating_it_probes_plain_decoding_and_the_calibration_then_cor
     # its true cost, once seen, wins (analytically best: 0); the deep positions are still probed now and then
     assert chosen[4:] == [0, 0, 0, 4, 0, 0, 0, 0]
     assert analytic_best(true_cost, accept, 32) == 0
+
+
+def test_calibration_is_kept_per_batch_bucket_so_a_one_row_warm_up_does_not_mislead_the_full_batch():
+    """Trace A's coupled-suffix run: a one-row warm-up (or the previous step's tail) where drafts were all
+    accepted and plain rounds ran 2x slower than profiled (host work dominates one row) left the policy at
+    k=2; at the full batch, with acceptance low, one shared factor kept plain decoding looking 2x too
+    expensive, so it speculated for 40+ rounds. Per batch bucket, the full batch learns its own factor."""
+    true_cost = linear_table(0.1, 0.01)  # 1 row: speculation is nearly free; 32 rows: compute-bound
+    policy = VerifyLengthPolicy(true_cost, AcceptanceStats(max_k=4, decay=0.1), probe_every=16, decay=0.2)
+    warm_up = []
+    for _ in range(60):
+        k = policy.choose(1)
+        warm_up.append(k)
+        policy.observe_round(k, [k], [k], draft_s=0.0, round_s=(2.0 if k == 0 else 1.0) * true_cost.cost(1, k + 1),
+                             rows=1)
+    assert warm_up[-1] == 2 and policy.calibration(1, rows=1) == pytest.approx(2.0)
+    chosen = []
+    for _ in range(40):  # the full batch: a fifth of the rows accept their first draft, true costs
+        k = policy.choose(32)
+        chosen.append(k)
+        accepted = [1 if row < 32 * 0.2 and k else 0 for row in range(32)]
+        policy.observe_round(k, [k] * 32, accepted, draft_s=0.0, round_s=true_cost.cost(32, k + 1), rows=32)
+    assert analytic_best(true_cost, policy.stats.accept_through, 32) == 0
+    assert chosen[:1] == [2] and chosen[8:] == [0] * 32  # plain decoding within a few rounds, for good
+    assert policy.calibration(1, rows=32) == pytest.approx(1.0)  # borrowed from its own bucket's width 3
+    assert policy.calibration(1, rows=1) == pytest.approx(2.0)  # the one-row bucket kept its own
