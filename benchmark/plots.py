@@ -118,14 +118,15 @@ def plot_acceptance(results: dict[str, Any], runs: dict[str, dict[str, Any]], pa
 
 
 def plot_drafter_mix(results: dict[str, Any], runs: dict[str, dict[str, Any]], path: Path) -> None:
-    """Per speculative system: each method's share of verified rows (top) and its accepted tokens per
-    row it drafted for (bottom), over rollout progress."""
+    """Per speculative system: each method's share of verified rows (top), its accepted tokens per
+    row it drafted for (middle) and its drafting cost per row it drafted for (bottom; in-process
+    drafters only), over rollout progress."""
     speculative = _speculative(runs)
     columns = max(len(speculative), 1)
-    fig, axes = plt.subplots(2, columns, figsize=(5.5 * columns, 7.0), squeeze=False, sharex=True)
+    fig, axes = plt.subplots(3, columns, figsize=(5.5 * columns, 10.0), squeeze=False, sharex=True)
     xs = [(i + 0.5) / PROGRESS_BINS for i in range(PROGRESS_BINS)]
     for column, (name, timeline) in enumerate(speculative.items()):
-        share_ax, accept_ax = axes[0][column], axes[1][column]
+        share_ax, accept_ax, cost_ax = axes[0][column], axes[1][column], axes[2][column]
         groups = _by_progress(timeline)
         drafters = sorted({d for e in timeline for d in e["by_drafter"]})
         shares = {d: [] for d in [*drafters, "(no draft)"]}
@@ -143,12 +144,19 @@ def plot_drafter_mix(results: dict[str, Any], runs: dict[str, dict[str, Any]], p
             drafted = [sum(e["by_drafter"].get(drafter, 0) for e in g) for g in groups]
             accepted = [sum(e.get("accepted_by_drafter", {}).get(drafter, 0) for e in g) for g in groups]
             accept_ax.plot(xs, [a / d if d else None for a, d in zip(accepted, drafted)], marker=".", label=drafter)
-        accept_ax.set_xlabel("rollout progress (share of output tokens)")
+            spent = [sum(e.get("draft_s_by_drafter", {}).get(drafter, 0.0) for e in g) for g in groups]
+            if any(spent):
+                cost_ax.plot(xs, [1e3 * s / d if d else None for s, d in zip(spent, drafted)], marker=".",
+                             label=drafter)
         accept_ax.set_ylabel("accepted tokens per drafted row")
         accept_ax.legend(fontsize=8)
+        cost_ax.set_xlabel("rollout progress (share of output tokens)")
+        cost_ax.set_ylabel("drafting ms per drafted row")
+        if cost_ax.lines:
+            cost_ax.legend(fontsize=8)
     if not speculative:
         axes[0][0].text(0.5, 0.5, "no speculative engine system in this run", ha="center", va="center")
-    fig.suptitle(_title(results, "drafter mix and each drafter's acceptance over progress (first repeat)"))
+    fig.suptitle(_title(results, "drafter mix, each drafter's acceptance and cost over progress (first repeat)"))
     _save(fig, path)
 
 

@@ -313,6 +313,7 @@ class _Run:
             names = [WorkerDrafterSync.name, *names]
         self.selector = FastestOfNSelector(names) if engine.selection == "fastest_of_n" and len(names) > 1 else None
         self.chosen: list[str] | None = None
+        self.round_draft_s: dict[str, float] = {}  # this round's drafting seconds per in-process drafter
         self.fallback: torch.Tensor | None = None  # [R] rows drafted by the workers after their method gave none
         self.runner = engine.runner
         self.stats = stats
@@ -391,6 +392,7 @@ class _Run:
     # ------------------------------------------------------------------ one verify round
     def _round(self) -> None:
         round_started = time.perf_counter()
+        self.round_draft_s = {}
         slots = torch.tensor(sorted(self.slot_seq))
         caps = self._draft_caps(slots)
         context = int(self.runner.lengths[slots].max())  # attention reads every row this far
@@ -511,8 +513,12 @@ class _Run:
             request = DraftRequest(slots[rows], caps[rows], self.params, coupled_noise=not self.rejection)
             started = time.perf_counter()
             proposal = drafter.propose(self.state, request)
+            spent = time.perf_counter() - started
+            self.round_draft_s[drafter.name] = self.round_draft_s.get(drafter.name, 0.0) + spent
+            timed = self.stats.draft_s_per_drafter
+            timed[drafter.name] = timed.get(drafter.name, 0.0) + spent
             if self.selector is not None:
-                self.selector.observe_cost(drafter.name, time.perf_counter() - started, len(rows))
+                self.selector.observe_cost(drafter.name, spent, len(rows))
             got = proposal.num_tokens > 0
             taken = rows[got]
             width = proposal.token_ids.shape[1]
@@ -768,6 +774,7 @@ class _Run:
             "cap": self.round_cap,
             "emitted": int(counts.sum()), "drafted": int(num_drafts.sum()), "accepted": int(num_accepted.sum()),
             "by_drafter": by_drafter, "accepted_by_drafter": accepted_by,
+            "draft_s_by_drafter": {name: round(spent, 6) for name, spent in self.round_draft_s.items()},
             **({"arm": self.arm} if self.phase is not None else {}),
         })
 

@@ -93,14 +93,15 @@ class EngineStats:
     accepted_per_position: list[int] = field(default_factory=list)
     drafted_per_drafter: dict[str, int] = field(default_factory=dict)
     accepted_per_drafter: dict[str, int] = field(default_factory=dict)
+    draft_s_per_drafter: dict[str, float] = field(default_factory=dict)  # in-process drafters' drafting time
     prefill_s: float = 0.0
     draft_s: float = 0.0
     verify_s: float = 0.0
     total_s: float = 0.0
     # One entry per verify round, for plots over rollout progress: seconds since `generate`
     # began, rows verified, draft width k (drafts verified by the longest row), the verify length
-    # chosen (cap), tokens emitted, tokens drafted and accepted, and the rows each drafter
-    # supplied ({name: rows}).
+    # chosen (cap), tokens emitted, tokens drafted and accepted, the rows each drafter
+    # supplied ({name: rows}), and each in-process drafter's drafting seconds ({name: s}).
     timeline: list[dict[str, Any]] = field(default_factory=list)
     decoupled: dict[str, float] = field(default_factory=dict)  # decoupled mode: worker figures
     arm_rounds: dict[str, int] = field(default_factory=dict)  # dynamic decoupling: rounds per arm

@@ -153,6 +153,9 @@ def run_rollout(run_root: str, step: int) -> dict[str, Any]:
         metrics[f"drafter/{name}/acceptance_rate"] = stats.accepted_per_drafter.get(name, 0) / max(drafted, 1)
         metrics[f"drafter/{name}/share"] = drafted / max(stats.drafted_tokens, 1)
         metrics[f"drafter/{name}/drafted"] = drafted
+        if name in stats.draft_s_per_drafter:  # in-process drafters (workers draft off the critical path)
+            metrics[f"drafter/{name}/draft_seconds"] = stats.draft_s_per_drafter[name]
+            metrics[f"drafter/{name}/ms_per_drafted_token"] = 1e3 * stats.draft_s_per_drafter[name] / max(drafted, 1)
     for name, version in drafter_versions.items():
         metrics[f"drafter/{name}/version"] = version
     return metrics | speculation_metrics(stats)

@@ -40,6 +40,16 @@ def test_in_process_drafters_only_is_exact_and_uses_several(target, temperature)
             per_method[name] = per_method.get(name, 0) + accepted
     assert per_method == {k: v for k, v in result.stats.accepted_per_drafter.items() if k in per_method}
     assert sum(per_method.values()) == result.stats.accepted_tokens
+    # ... and drafting time by method: every method that drafted was timed, the rounds add up to the totals
+    spent: dict[str, float] = {}
+    for entry in result.stats.timeline:
+        for name, seconds in entry["draft_s_by_drafter"].items():
+            spent[name] = spent.get(name, 0.0) + seconds
+    timed = result.stats.draft_s_per_drafter
+    assert set(result.stats.drafted_per_drafter) <= set(timed) and all(s > 0 for s in timed.values())
+    assert spent.keys() == timed.keys()
+    assert all(abs(spent[name] - timed[name]) < 1e-3 for name in timed)
+    assert sum(timed.values()) <= result.stats.draft_s + 1e-6
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])

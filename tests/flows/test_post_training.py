@@ -89,7 +89,7 @@ def test_two_steps_update_sync_and_log(tmp_path, prefect_harness, toy_reward):
         for key in ("reward/mean", "reward/std", "accuracy", "train/loss", "train/kl", "train/grad_norm", "train/lr",
                     "rollout/makespan_s", "rollout/tail_s", "rollout/tokens_per_s", "rollout/mean_acceptance_length",
                     "drafter/draft/acceptance_rate", "policy_version", "rollout/mean_verify_length",
-                    "rollout/draft_supply", "rollout/accept_rate_pos1"):
+                    "rollout/draft_supply", "rollout/accept_rate_pos1", "drafter/draft/ms_per_drafted_token"):
             assert key in summary, key
     finally:
         drop_host(str(run.root))
