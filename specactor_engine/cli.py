@@ -279,6 +279,12 @@ def drafter_distill(
     lr_decay: Annotated[bool, typer.Option(
         "--lr-decay/--constant-lr", help="Warm up for 10 steps, then decay the learning rate linearly to a tenth "
         "by the last step or the end of --max-minutes, whichever comes first.")] = True,
+    student_rounds: Annotated[int, typer.Option(
+        "--student-rounds", min=0, help="On-policy data: this many times, spread over the run, the drafter samples "
+        "the training prompts itself and the target labels every position with its top-k (needs --soft-top-k); "
+        "cached in --out.")] = 0,
+    student_samples: Annotated[int, typer.Option(
+        "--student-samples", min=1, help="Drafter samples per prompt in each --student-rounds round.")] = 2,
     cache_dir: CacheDirOption = None,
 ) -> None:
     """Distil a draft model from a target on its own samples (progress bar, resumable, HF output)."""
@@ -291,9 +297,12 @@ def drafter_distill(
     from specactor_engine.drafters.model import check_same_tokenizer
     from specactor_engine.model_runner import load_hf_model
     from specactor_engine.models import resolve_model
+    from specactor_engine.student_samples import StudentRounds, StudentSampler, prompts_of
 
     if (init is None) == (init_layers is None) and not (out / STATE_FILE).exists():
         _fail("give exactly one of --init and --init-layers (or --out of a run to resume)")
+    if student_rounds and not soft_top_k:
+        _fail("--student-rounds needs --soft-top-k > 0: the drafter's own samples are labelled by the target's top-k")
     with user_errors(DistillDataError, ValueError):
         target_path = resolve_model(target, dtype=dtype, cache_dir=cache_dir)
         tokenizer = AutoTokenizer.from_pretrained(target_path)
@@ -329,13 +338,18 @@ def drafter_distill(
         settings = DistillSettings(steps=steps, batch_size=batch_size, lr=lr, save_every=save_every, seed=seed,
                                    max_seconds=max(budget, 0.0) if budget is not None else None,
                                    freeze_embeddings=freeze_embeddings, autocast=autocast, lr_decay=lr_decay)
+        student = None
+        if student_rounds:
+            rounds = StudentRounds(student_rounds, student_samples, max_new_tokens, soft_top_k, seed)
+            student = StudentSampler(model, target_model, tokenizer, prompts_of(pairs), rounds, out, autocast)
         with _progress() as progress:
             task = progress.add_task("distilling", total=steps, loss=float("nan"))
-            result = distill(model, tokenizer, pairs, out, settings, soft=soft,
+            result = distill(model, tokenizer, pairs, out, settings, soft=soft, student=student,
                              on_step=lambda step, loss: progress.update(task, completed=step, loss=loss))
     first, last = result["loss_first"], result["loss_last"]
     console.print(f"drafter saved to {out} after {result['steps']} steps "
-                  f"({result['trained_steps']} now, {result['seconds']:.0f} s"
+                  f"({result['trained_steps']} now, {result['seconds']:.0f} s, "
+                  f"{result['student_rounds']} on-policy rounds"
                   + (f", loss {first:.3f} -> {last:.3f}" if first is not None else "") + ")", highlight=False)
 
 

@@ -26,6 +26,7 @@ from torch import nn
 
 from specactor_engine.distill import Distiller, SoftTargets, pad_batch
 from specactor_engine.draft_vocab import SubsetHead, save_draft_vocab
+from specactor_engine.student_samples import StudentSampler
 
 logger = logging.getLogger(__name__)
 
@@ -151,29 +152,43 @@ def read_rollout_records(path: Path) -> list[tuple[list[int], list[int]]] | None
 
 def distill(model: nn.Module, tokenizer: Any, pairs: list[tuple[list[int], list[int]]], out: Path,
             settings: DistillSettings, on_step: Callable[[int, float], None] | None = None,
-            soft: Sequence[SoftTargets] | None = None) -> dict[str, Any]:
+            soft: Sequence[SoftTargets] | None = None, student: StudentSampler | None = None) -> dict[str, Any]:
     """Train `model` on `pairs`, saving to `out` every `save_every` steps and at the end; resumes from `out`.
 
     soft: the target's top-k per output position of each pair (`teacher_topk`), or None for
     hard labels. on_step(step, loss) is called after every step (progress bars).
+    student: adds the drafter's own samples, labelled by the target, to the pool at the rounds it
+    schedules over the run's progress (on-policy distillation; needs `soft`).
     """
     keep = [i for i, (_, o) in enumerate(pairs) if o]
     usable = [pairs[i] for i in keep]
     if not usable:
         raise DistillDataError("no sample with output tokens to train on")
     soft_usable = [soft[i] for i in keep] if soft is not None else None
+    if student is not None and soft_usable is None:
+        raise ValueError("on-policy rounds need soft targets (the drafter's own samples carry no labels)")
     distiller = Distiller(model, settings.lr, settings.seed, freeze_embeddings=settings.freeze_embeddings,
                           autocast=settings.autocast)
     state_path = out / STATE_FILE
     if state_path.exists():
         distiller.load_state_dict(torch.load(state_path, weights_only=False))
         logger.info("resuming %s at step %d", out, distiller.steps)
-    started, losses = time.perf_counter(), []
+    started, losses, collected = time.perf_counter(), [], 0
     try:
         while distiller.steps < settings.steps:
-            if settings.max_seconds is not None and time.perf_counter() - started > settings.max_seconds:
+            elapsed = time.perf_counter() - started
+            if settings.max_seconds is not None and elapsed > settings.max_seconds:
                 logger.info("time budget reached at step %d", distiller.steps)
                 break
+            progress = max(distiller.steps / settings.steps,
+                           elapsed / settings.max_seconds if settings.max_seconds else 0.0)
+            if student is not None and soft_usable is not None and student.rounds.due(collected, progress):
+                distiller.finish()  # sampled as drafters run it: eval mode, no gradients
+                more, more_soft = student.collect(collected)
+                usable.extend(more)
+                soft_usable.extend(more_soft)
+                collected += 1
+                continue
             distiller.set_lr(scheduled_lr(settings, distiller.steps, time.perf_counter() - started))
             losses.append(distiller.step(usable, settings.batch_size, soft_usable))
             if on_step is not None:
@@ -183,7 +198,8 @@ def distill(model: nn.Module, tokenizer: Any, pairs: list[tuple[list[int], list[
     finally:
         distiller.finish()
     save(model, tokenizer, distiller, out)
-    return {"steps": distiller.steps, "trained_steps": len(losses), "loss_first": losses[0] if losses else None,
+    return {"steps": distiller.steps, "trained_steps": len(losses), "student_rounds": collected,
+            "loss_first": losses[0] if losses else None,
             "loss_last": losses[-1] if losses else None, "seconds": time.perf_counter() - started, "out": str(out)}
 
 

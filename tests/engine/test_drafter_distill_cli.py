@@ -13,6 +13,7 @@ from specactor_engine.cli import app
 from specactor_engine.draft_vocab import SubsetHead
 from specactor_engine.drafter_training import STATE_FILE, TEACHER_FILE, truncated_copy
 from specactor_engine.model_runner import load_hf_model
+from specactor_engine.student_samples import StudentRounds
 from tests.fixtures.tiny_models import make_tiny_model, save_tiny_model
 
 runner = CliRunner()
@@ -103,3 +104,57 @@ def test_soft_targets_and_a_draft_vocabulary_are_saved_and_resumed(target_dir: P
     resumed = runner.invoke(app, distill_args(target_dir, records, out, "--steps", "3"))
     assert resumed.exit_code == 0, resumed.output
     assert set(load_hf_model(out, "float32").lm_head.token_ids.tolist()) == chosen  # kept, not re-chosen
+
+
+def test_on_policy_rounds_add_the_drafters_own_samples_labelled_by_the_target(target_dir: Path, tmp_path: Path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"count {i}"}) + "\n" for i in range(3)))
+    out = tmp_path / "drafter"
+    args = ("--init-layers", "1", "--soft-top-k", "4", "--draft-vocab", "0", "--steps", "6",
+            "--student-rounds", "2", "--student-samples", "1", "--no-bf16-autocast")  # exact labels to compare
+    result = runner.invoke(app, distill_args(target_dir, prompts, out, *args))
+    assert result.exit_code == 0, result.output
+    assert "2 on-policy rounds" in " ".join(result.output.split())
+    target = load_hf_model(target_dir, "float32")
+    target_prompts = {tuple(json.loads(line)["prompt_token_ids"])
+                      for line in (out / "target_samples.jsonl").read_text().splitlines()}
+    rounds = [torch.load(out / f"student_round{r}.pt", weights_only=True) for r in range(2)]
+    for data in rounds:
+        assert len(data["pairs"]) == 3  # 3 prompts x 1 sample, on the same prompts as the target's samples
+        assert {tuple(p) for p, _ in data["pairs"]} == target_prompts
+        # every position is labelled with the target's own top-4
+        assert_soft_targets_are_the_targets(target, data["pairs"], data["soft"], k=4)
+    assert rounds[0]["pairs"] != rounds[1]["pairs"]  # a new seed per round (and a drafter that trained on)
+    # a resumed run reuses the cached rounds instead of sampling again
+    stamps = [(out / f"student_round{r}.pt").stat().st_mtime_ns for r in range(2)]
+    resumed = runner.invoke(app, distill_args(target_dir, prompts, out, "--steps", "8", "--soft-top-k", "4",
+                                              "--student-rounds", "2", "--student-samples", "1", "--no-bf16-autocast"))
+    assert resumed.exit_code == 0, resumed.output
+    assert "2 on-policy rounds" in " ".join(resumed.output.split())
+    assert [(out / f"student_round{r}.pt").stat().st_mtime_ns for r in range(2)] == stamps
+
+
+def assert_soft_targets_are_the_targets(target, pairs, soft, k: int) -> None:
+    with torch.no_grad():
+        for (prompt, output), (ids, log_probs) in zip(pairs, soft):
+            logits = target(torch.tensor([prompt + output])).logits[0, len(prompt) - 1 : -1]
+            expected = logits.float().log_softmax(-1).topk(k, dim=-1)
+            assert torch.equal(ids.long(), expected.indices)
+            torch.testing.assert_close(log_probs.float(), expected.values, atol=2e-3, rtol=0)
+
+
+def test_on_policy_rounds_need_soft_targets(target_dir: Path, tmp_path: Path):
+    data = tmp_path / "rollouts.jsonl"
+    data.write_text('{"prompt_token_ids": [1], "token_ids": [2]}\n')
+    result = runner.invoke(app, distill_args(target_dir, data, tmp_path / "out", "--init-layers", "1",
+                                             "--soft-top-k", "0", "--student-rounds", "1"))
+    assert result.exit_code == 2, result.output
+    assert "--student-rounds needs --soft-top-k > 0" in " ".join(result.output.split())
+
+
+def test_student_rounds_are_spread_evenly_over_the_run():
+    rounds = StudentRounds(rounds=2)
+    assert not rounds.due(0, 0.3) and rounds.due(0, 1 / 3)
+    assert not rounds.due(1, 0.6) and rounds.due(1, 0.7)
+    assert not rounds.due(2, 1.0)  # all collected
+    assert not StudentRounds(rounds=0).due(0, 1.0)
