@@ -63,13 +63,11 @@ def coupled_acceptance(p: torch.Tensor, q: torch.Tensor, candidates: int = 64) -
 @torch.no_grad()
 def score_drafter(target: nn.Module, drafter: nn.Module, pairs: Sequence[Pair], temperature: float = 1.0,
                   batch_size: int = 4, chunk: int = 4, on_batch: Callable[[int], None] | None = None,
-                  draft_temperature: float | None = None, candidates: int = 64) -> DrafterScore:
+                  candidates: int = 64) -> DrafterScore:
     """Mean acceptance probabilities of one drafted token over every output position of `pairs`.
 
-    draft_temperature: warp the drafter's logits by this instead of `temperature` (default: the same).
     candidates: tokens of each side summed over in the coupled form (`coupled_acceptance`).
     """
-    draft_temperature = temperature if draft_temperature is None else draft_temperature
     device = next(target.parameters()).device
     coupled_sum, rejection_sum, positions = 0.0, 0.0, 0
     for start in range(0, len(pairs), batch_size):
@@ -86,7 +84,7 @@ def score_drafter(target: nn.Module, drafter: nn.Module, pairs: Sequence[Pair], 
                 coupled_sum += float(agree.sum())
                 rejection_sum += float(agree.sum())
                 continue
-            p, q = (t / temperature).softmax(-1), (d / max(draft_temperature, 1e-6)).softmax(-1)
+            p, q = (t / temperature).softmax(-1), (d / temperature).softmax(-1)
             coupled_sum += float(coupled_acceptance(p, q, candidates).sum())
             rejection_sum += float(torch.minimum(p, q).sum())
         positions += len(target_logits)
