@@ -285,6 +285,12 @@ def drafter_distill(
         "cached in --out.")] = 0,
     student_samples: Annotated[int, typer.Option(
         "--student-samples", min=1, help="Drafter samples per prompt in each --student-rounds round.")] = 2,
+    loss: Annotated[Literal["kl", "coupled"], typer.Option(
+        "--loss", help="With --soft-top-k: 'kl' is cross-entropy to the target's top-k; 'coupled' maximises the "
+        "probability that a draft token is accepted under the engine's shared-noise rule, plus --kl-weight x the "
+        "cross-entropy.")] = "kl",
+    kl_weight: Annotated[float, typer.Option(
+        "--kl-weight", min=0.0, help="Weight of the cross-entropy term in --loss coupled.")] = 0.1,
     cache_dir: CacheDirOption = None,
 ) -> None:
     """Distil a draft model from a target on its own samples (progress bar, resumable, HF output)."""
@@ -301,6 +307,8 @@ def drafter_distill(
 
     if (init is None) == (init_layers is None) and not (out / STATE_FILE).exists():
         _fail("give exactly one of --init and --init-layers (or --out of a run to resume)")
+    if loss == "coupled" and not soft_top_k:
+        _fail("--loss coupled needs --soft-top-k > 0: the acceptance probability is computed from the target's top-k")
     if student_rounds and not soft_top_k:
         _fail("--student-rounds needs --soft-top-k > 0: the drafter's own samples are labelled by the target's top-k")
     with user_errors(DistillDataError, ValueError):
@@ -337,7 +345,8 @@ def drafter_distill(
         budget = max_minutes * 60 - (time.monotonic() - started) if max_minutes is not None else None
         settings = DistillSettings(steps=steps, batch_size=batch_size, lr=lr, save_every=save_every, seed=seed,
                                    max_seconds=max(budget, 0.0) if budget is not None else None,
-                                   freeze_embeddings=freeze_embeddings, autocast=autocast, lr_decay=lr_decay)
+                                   freeze_embeddings=freeze_embeddings, autocast=autocast, lr_decay=lr_decay,
+                                   loss=loss, kl_weight=kl_weight)
         student = None
         if student_rounds:
             rounds = StudentRounds(student_rounds, student_samples, max_new_tokens, soft_top_k, seed)

@@ -53,6 +53,8 @@ class DistillSettings:
     lr_decay: bool = False  # warm up, then decay linearly to `lr_floor` x lr over the run's horizon
     warmup_steps: int = 10
     lr_floor: float = 0.1
+    loss: str = "kl"  # with soft targets: "kl" or "coupled" (`distill.Distiller`)
+    kl_weight: float = 0.1
 
 
 def scheduled_lr(settings: DistillSettings, step: int, elapsed_s: float) -> float:
@@ -168,7 +170,7 @@ def distill(model: nn.Module, tokenizer: Any, pairs: list[tuple[list[int], list[
     if student is not None and soft_usable is None:
         raise ValueError("on-policy rounds need soft targets (the drafter's own samples carry no labels)")
     distiller = Distiller(model, settings.lr, settings.seed, freeze_embeddings=settings.freeze_embeddings,
-                          autocast=settings.autocast)
+                          autocast=settings.autocast, loss=settings.loss, kl_weight=settings.kl_weight)
     state_path = out / STATE_FILE
     if state_path.exists():
         distiller.load_state_dict(torch.load(state_path, weights_only=False))

@@ -82,3 +82,58 @@ def test_the_pipeline_refresh_trains_on_the_new_policys_distributions_with_embed
                                   soft=teacher_topk(target, pairs, k=8))
     assert metrics["distill_loss_last"] < metrics["distill_loss_first"]
     assert torch.equal(model.get_input_embeddings().weight, embeddings)
+
+
+def test_topk_coupled_acceptance_equals_the_full_vocabulary_closed_form():
+    """With k = V nothing is cut off, so the training objective is exactly `drafter_score`'s closed form."""
+    from specactor_engine.distill import coupled_acceptance_from_topk
+    from specactor_engine.drafter_score import coupled_acceptance
+
+    gen = torch.Generator().manual_seed(0)
+    p = (torch.randn(6, 12, generator=gen, dtype=torch.float64) * 2).softmax(-1)
+    log_q = (torch.randn(6, 12, generator=gen, dtype=torch.float64) * 2).log_softmax(-1)
+    full = coupled_acceptance(p, log_q.exp(), candidates=12)
+    # top-k = the whole vocabulary, in a shuffled order; the drafter's rest mass is then 0
+    order = torch.randperm(12, generator=gen)
+    topk = coupled_acceptance_from_topk(p[:, order], log_q[:, order], torch.full((6,), -60.0, dtype=torch.float64))
+    torch.testing.assert_close(topk.float(), full, rtol=1e-5, atol=1e-6)
+    # identical distributions are always accepted; a cut-off top-k is a lower bound of the full form
+    assert torch.allclose(coupled_acceptance_from_topk(p, p.log(), torch.full((6,), -60.0, dtype=torch.float64)),
+                          torch.ones(6, dtype=torch.float64))
+    top = p.topk(4, dim=-1)
+    q_top = log_q.gather(1, top.indices)
+    rest = (1 - q_top.exp().sum(1)).log()
+    cut = coupled_acceptance_from_topk(top.values / top.values.sum(1, keepdim=True), q_top, rest)
+    assert bool((cut <= 1.0 + 1e-12).all()) and bool((cut >= 0).all())
+
+
+def test_the_coupled_loss_raises_the_engines_acceptance_probability_more_than_kl():
+    """Same samples, steps and start: training on the acceptance itself ends with higher coupled acceptance."""
+    from specactor_engine.distill import Distiller, pad_batch
+    from specactor_engine.drafter_score import coupled_acceptance
+    from specactor_engine.drafter_training import teacher_topk
+
+    target = make_tiny_model("llama", seed=0, init_range=0.5)
+    requests = ragged_requests(8, seed=9)
+    rollouts = run(target, requests, sampling(1.0, max_new_tokens=16, ignore_eos=True)).outputs
+    pairs = [(o.prompt_token_ids, o.token_ids) for o in rollouts]
+    soft = teacher_topk(target, pairs, k=16)
+
+    def acceptance(draft: torch.nn.Module) -> float:
+        ids, attention, where = pad_batch(pairs, torch.device("cpu"))
+        with torch.no_grad():
+            p = target(input_ids=ids, attention_mask=attention).logits[where].double().softmax(-1)
+            q = draft(input_ids=ids, attention_mask=attention).logits[where].double().softmax(-1)
+        return float(coupled_acceptance(p, q).mean())
+
+    results = {}
+    for loss in ("kl", "coupled"):
+        draft = make_tiny_model("llama", seed=1, num_layers=1)
+        distiller = Distiller(draft, lr=3e-3, seed=0, loss=loss, kl_weight=0.1)
+        for _ in range(40):
+            distiller.step(pairs, 8, soft)
+        distiller.finish()
+        results[loss] = acceptance(draft)
+    assert results["coupled"] > results["kl"] + 0.01, results
+    with pytest.raises(ValueError, match="expected one of kl, coupled"):
+        Distiller(make_tiny_model("llama", seed=1, num_layers=1), lr=1e-3, loss="tvd")

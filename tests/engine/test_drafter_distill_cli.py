@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import math
+import re
 from pathlib import Path
 
 import pytest
@@ -150,6 +152,25 @@ def test_on_policy_rounds_need_soft_targets(target_dir: Path, tmp_path: Path):
                                              "--soft-top-k", "0", "--student-rounds", "1"))
     assert result.exit_code == 2, result.output
     assert "--student-rounds needs --soft-top-k > 0" in " ".join(result.output.split())
+
+
+def test_coupled_loss_trains_a_sub_vocabulary_head_and_needs_soft_targets(target_dir: Path, tmp_path: Path):
+    """Top-k entries outside the draft head (column -1) must not turn the acceptance objective into NaN."""
+    records = tmp_path / "rollouts.jsonl"
+    records.write_text("".join(json.dumps({"prompt_token_ids": [5, 6, 7], "token_ids": [8, 9, 10, 11, i]}) + "\n"
+                               for i in range(4)))
+    out = tmp_path / "drafter"
+    args = ("--init-layers", "1", "--soft-top-k", "8", "--draft-vocab", "12", "--steps", "3", "--loss", "coupled")
+    result = runner.invoke(app, distill_args(target_dir, records, out, *args))
+    assert result.exit_code == 0, result.output
+    losses = re.search(r"loss (\S+) -> (\S+)\)", " ".join(result.output.split()))
+    assert losses is not None and all(math.isfinite(float(v)) for v in losses.groups()), result.output
+    drafter = load_hf_model(out, "float32")
+    assert all(torch.isfinite(p).all() for p in drafter.parameters())
+    refused = runner.invoke(app, distill_args(target_dir, records, tmp_path / "other", "--init-layers", "1",
+                                              "--soft-top-k", "0", "--loss", "coupled"))
+    assert refused.exit_code == 2, refused.output
+    assert "--loss coupled needs --soft-top-k > 0" in " ".join(refused.output.split())
 
 
 def test_student_rounds_are_spread_evenly_over_the_run():
