@@ -67,7 +67,7 @@ class BenchPlan:
         unknown = [s for s in self.systems if s not in SYSTEMS]
         if unknown:
             raise ValueError(f"unknown system(s) {', '.join(unknown)}; known: {', '.join(SYSTEMS)}")
-        if "oracle" not in self.systems:
+        if not any(SYSTEMS[s].needs_reference for s in self.systems):
             return tuple(dict.fromkeys(self.systems))
         return tuple(dict.fromkeys((REFERENCE_SYSTEM, *self.systems)))
 

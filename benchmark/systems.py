@@ -97,6 +97,8 @@ class FinishClock:
 class System(ABC):
     """A way to roll out a trace; the constructor loads the models."""
 
+    needs_reference = False  # drafts from the `ar` run's outputs (the oracles): `ar` runs first
+
     @abstractmethod
     def __init__(self, spec: RunSpec) -> None: ...
 
@@ -487,6 +489,7 @@ class OracleEngine(EngineSystem):
     """
 
     mode = "coupled"
+    needs_reference = True
 
     def __init__(self, spec: RunSpec) -> None:
         self.passes = spec.oracle_passes
@@ -503,6 +506,18 @@ class OracleEngine(EngineSystem):
             outputs = self.engine.generate(requests, sampling).outputs
             self.oracle.references = {sequence_key(sampling.seed, o.request_id, o.sample_index): o.token_ids
                                       for o in outputs}
+
+
+@register_system("oracle-dynamic")
+class OracleDynamicEngine(OracleEngine):
+    """The oracle with the cost-model verify length: free drafts that are always accepted, k chosen per
+    round as for a real drafter. No drafter can beat it on this machine, so it bounds every speed goal."""
+
+    verify_length = "dynamic"
+
+    def prepare(self, requests: Sequence[Request], sampling: SamplingConfig) -> None:
+        self.engine.prepare_length_policy(requests, sampling)
+        super().prepare(requests, sampling)
 
 
 # ---------------------------------------------------------------------------------------- vllm

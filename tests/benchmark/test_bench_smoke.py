@@ -126,6 +126,34 @@ def test_oracle_drafter_proposes_the_reference_at_the_current_position():
     assert proposal.token_ids[0, :3].tolist() == [12, 13, 14]
 
 
+def test_oracle_dynamic_runs_after_ar_and_accepts_every_draft(tmp_path):
+    """In process, fp32: the dynamic-length oracle (fed `ar`'s outputs) emits them and accepts every draft."""
+    from benchmark.run import BenchPlan
+    from benchmark.systems import write_references
+    from specactor_engine.cost_profile import CostProfile
+
+    target = save_tiny_model(tmp_path / "target", "llama", seed=2)
+    trace = TRACES["quick"].with_overrides(num_prompts=2, samples_per_prompt=2, max_new_tokens=10)
+    plan = BenchPlan(trace, ("oracle-dynamic",), 1, tmp_path, str(target), None, "float32")
+    assert plan.run_order() == ("ar", "oracle-dynamic")
+    requests, sampling = build_requests(trace), sampling_config(trace)
+    ar = build_system(RunSpec(system="ar", trace=trace, target=str(target), drafter=None, dtype="float32"))
+    reference = [{"id": s.request_id, "sample": s.sample_index, "token_ids": s.token_ids}
+                 for s in ar.generate(requests, sampling, FinishClock()).sequences]
+    write_references(tmp_path / "ref.json", trace.seed, reference)
+    spec = RunSpec(system="oracle-dynamic", trace=trace, target=str(target), drafter=None, dtype="float32",
+                   reference_path=str(tmp_path / "ref.json"))
+    oracle = build_system(spec)
+    # a profile in which wide rounds are nearly free, so the policy verifies drafts
+    oracle.engine.cost_table = CostProfile.from_dict({"batch_sizes": [1, 4], "widths": [1, 2, 3, 4, 5],
+                                                      "seconds": [[1.0] * 5, [1.0] * 5], "context": 0})
+    oracle.prepare(requests, sampling)
+    generation = oracle.generate(requests, sampling, FinishClock())
+    assert [s.token_ids for s in generation.sequences] == [r["token_ids"] for r in reference]
+    stats = generation.engine_stats
+    assert stats["drafted_tokens"] > 0 and stats["accepted_tokens"] == stats["drafted_tokens"]
+
+
 def test_tail_time_and_identity():
     assert tail_time([1.0, 2.0, 3.0, 10.0], 10.0, 4) == pytest.approx(7.0)
     assert tail_time([1.0], 5.0, 4) == 0.0  # unfinished sequences count as finishing at the makespan
