@@ -25,6 +25,7 @@ export HF_DATASETS_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TORCH_EXTENSIONS_DIR := $(CACHE)/torch_extensions
 export TRITON_CACHE_DIR := $(CACHE)/triton
+export TORCHINDUCTOR_CACHE_DIR := $(CACHE)/torchinductor
 export WANDB_DIR := $(CACHE)/wandb
 export WANDB_CACHE_DIR := $(CACHE)/wandb/cache
 export WANDB_DATA_DIR := $(CACHE)/wandb/data

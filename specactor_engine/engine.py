@@ -36,7 +36,9 @@ from specactor_engine.sampling import (
     gumbel_noise,
     sample_tokens,
     sequence_key,
+    scaled_log_softmax,
     token_logprobs,
+    top_logprobs,
     uniform_noise,
     warped_probs,
 )
@@ -61,6 +63,8 @@ class _Sequence:
     key: int
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    top_ids: list[torch.Tensor] = field(default_factory=list)  # with top_logprobs: [n, N] blocks, in order
+    top_values: list[torch.Tensor] = field(default_factory=list)
     finish_reason: str | None = None
     text: str | None = None
     error: str | None = None
@@ -264,8 +268,9 @@ class Engine:
 
     def _to_output(self, seq: _Sequence) -> SequenceOutput:
         text = seq.text if seq.text is not None else self.tokenizer.decode(seq.output_ids, skip_special_tokens=True)
+        top = (torch.cat(seq.top_ids), torch.cat(seq.top_values)) if seq.top_ids else None
         return SequenceOutput(seq.request.request_id, seq.sample_index, seq.prompt_ids, seq.output_ids, text,
-                              seq.logprobs, seq.finish_reason or "length", self.policy_version, seq.error)
+                              seq.logprobs, seq.finish_reason or "length", self.policy_version, seq.error, top)
 
 
 def start_workers(config: Any, tokenizer: Any, vocab_size: int) -> tuple[DecoupledCoordinator, int, WorkerSpec]:
@@ -318,6 +323,7 @@ class _Run:
         self.runner = engine.runner
         self.stats = stats
         self.params = SamplingParams(sampling.temperature, sampling.top_k, sampling.top_p)
+        self.top_logprobs = getattr(sampling, "top_logprobs", 0)
         stop_ids = set(sampling.stop_token_ids) | (set() if sampling.ignore_eos else set(engine.eos_ids))
         self.rules = StopRules(frozenset(stop_ids), tuple(sampling.stop), sampling.max_new_tokens,
                                engine.max_model_len)
@@ -698,8 +704,13 @@ class _Run:
         after prefill the KV already holds the prompt and the new token is not in it yet.
         """
         num_accepted, output = self._choose(slots, logits, drafts, num_drafts, draft_probs)
-        logprobs = token_logprobs(logits, output.to(logits.device), self.params.temperature)
-        counts = self._apply_stops(slots, output, num_accepted + 1, logprobs)
+        top, log_probs = None, None
+        if self.top_logprobs:
+            log_probs = scaled_log_softmax(logits, self.params.temperature)  # [R, k+1, V]
+            top = top_logprobs(log_probs, self.top_logprobs)
+        logprobs = token_logprobs(logits, output.to(logits.device), self.params.temperature, log_probs)
+        del log_probs
+        counts = self._apply_stops(slots, output, num_accepted + 1, logprobs, top)
         self.state.append(slots, output, counts)
         if not prefill:
             self.runner.commit(slots, counts)
@@ -724,8 +735,10 @@ class _Run:
         return num_accepted
 
     def _apply_stops(self, slots: torch.Tensor, output: torch.Tensor, emitted: torch.Tensor,
-                     logprobs: torch.Tensor) -> torch.Tensor:
-        """Truncate each row's emitted tokens at its stop condition; record them: counts [R]."""
+                     logprobs: torch.Tensor, top: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """Truncate each row's emitted tokens at its stop condition; record them: counts [R].
+
+        top: the top-N (ids, log-probs) at each emitted position ([R, k+1, N] each), when requested."""
         counts = emitted.clone()
         out_rows, lp_rows, lengths = output.tolist(), logprobs.tolist(), self.state.lengths[slots].tolist()
         for row, slot in enumerate(slots.tolist()):
@@ -734,10 +747,16 @@ class _Run:
             keep, reason = truncate_emitted(new, len(seq.output_ids), lengths[row], self.rules)
             seq.output_ids.extend(new[:keep])
             seq.logprobs.extend(lp_rows[row][:keep])
+            if top is not None:
+                seq.top_ids.append(top[0][row, :keep].cpu())
+                seq.top_values.append(top[1][row, :keep].cpu())
             hit = find_stop_string(seq.output_ids, keep, self.rules, self._decode)
             if hit is not None:
                 drop = len(seq.output_ids) - hit[0]
                 del seq.output_ids[hit[0]:], seq.logprobs[hit[0]:]
+                if top is not None:
+                    seq.top_ids = [torch.cat(seq.top_ids)[: hit[0]]]
+                    seq.top_values = [torch.cat(seq.top_values)[: hit[0]]]
                 keep, reason, seq.text = keep - drop, "stop", hit[1]
             seq.finish_reason = reason
             counts[row] = keep

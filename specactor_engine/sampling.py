@@ -187,15 +187,53 @@ def sample_tokens(logits: torch.Tensor, params: SamplingParams, seq_keys: torch.
     if params.greedy:
         return logits.argmax(dim=-1)
     scores = warp_logits(logits, params)
-    noise = gumbel_noise(seq_keys, positions, logits.shape[-1], stream).to(scores.device, scores.dtype)
+    vocab_size = logits.shape[-1]
+    if vocab_size >= FUSED_MIN_VOCAB:  # one compiled pass instead of ~10 over [R, T, V] (kernels/gumbel_argmax.py)
+        from kernels.gumbel_argmax import gumbel_argmax
+
+        keys = _combine(_combine(seq_keys[:, None], positions), stream).to(scores.device)  # [R, T]
+        chosen = gumbel_argmax(scores.reshape(-1, vocab_size), keys.reshape(-1), _token_hash_torch(vocab_size,
+                                                                                                     scores.device))
+        return chosen.view(positions.shape)
+    noise = gumbel_noise(seq_keys, positions, vocab_size, stream).to(scores.device, scores.dtype)
     return (scores + noise).argmax(dim=-1)
 
 
-def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, temperature: float) -> torch.Tensor:
+FUSED_MIN_VOCAB = 4096  # below this (test vocabularies) the fused kernel's compile time is not worth it
+
+
+@functools.lru_cache(maxsize=8)
+def _token_hash_torch(vocab_size: int, device: torch.device) -> torch.Tensor:
+    """mix32(v * golden) for every token id: [V] int64 (the per-token half of the noise key)."""
+    return mix32(torch.arange(vocab_size, dtype=torch.long, device=device) * _GOLDEN & MASK32)
+
+
+def scaled_log_softmax(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """log softmax(logits / T) (T = 1 when greedy), in float32 (float64 logits stay float64): [..., V]."""
+    scale = temperature if temperature > 0 else 1.0
+    return torch.log_softmax(logits.float() / scale if logits.dtype != torch.float64 else logits / scale, dim=-1)
+
+
+def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, temperature: float,
+                   log_probs: torch.Tensor | None = None) -> torch.Tensor:
     """log softmax(logits / T) at `token_ids` (T = 1 when greedy): [R, T] float32.
 
     This is what an RL trainer recomputes; top-k/top-p are deliberately not applied.
+    log_probs: `scaled_log_softmax(logits, temperature)` when the caller already has it; otherwise
+    the picked logit minus the log-sum-exp (no [R, T, V] output is written).
     """
+    if log_probs is not None:
+        return log_probs.gather(-1, token_ids[..., None]).squeeze(-1).float()
     scale = temperature if temperature > 0 else 1.0
-    logp = torch.log_softmax(logits.float() / scale if logits.dtype != torch.float64 else logits / scale, dim=-1)
-    return logp.gather(-1, token_ids[..., None]).squeeze(-1).float()
+    scores = logits.float() if logits.dtype != torch.float64 else logits
+    if scale != 1.0:
+        scores = scores / scale
+    picked = scores.gather(-1, token_ids[..., None]).squeeze(-1)
+    return (picked - torch.logsumexp(scores, dim=-1)).float()
+
+
+def top_logprobs(log_probs: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The n most likely tokens at every position: (ids int32 [..., n], log-probs float32 [..., n]),
+    from `scaled_log_softmax` output [..., V]."""
+    values, indices = log_probs.topk(min(n, log_probs.shape[-1]), dim=-1)
+    return indices.to(torch.int32), values.float()

@@ -43,18 +43,29 @@ class SequenceOutput:
     finish_reason: str  # "stop" | "length" | "context" | "error"
     policy_version: int
     error: str | None = None
+    # with sampling.top_logprobs = N: per emitted token, the N most likely ids (int32 [n, N]) and
+    # their log-probs (float32 [n, N]); None otherwise
+    top_logprobs: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
             "id": self.request_id,
             "sample": self.sample_index,
+            "prompt_token_ids": self.prompt_token_ids,
             "token_ids": self.token_ids,
             "text": self.text,
             "logprobs": self.logprobs,
             "finish_reason": self.finish_reason,
             "policy_version": self.policy_version,
             **({"error": self.error} if self.error else {}),
+            **({"top_logprobs": _top_pairs(*self.top_logprobs)} if self.top_logprobs is not None else {}),
         }
+
+
+def _top_pairs(ids: torch.Tensor, values: torch.Tensor) -> list[list[list[float | int]]]:
+    """Per position, [[token_id, logprob], ...] (JSON)."""
+    return [[[i, round(v, 6)] for i, v in zip(row_ids, row_values)]
+            for row_ids, row_values in zip(ids.tolist(), values.tolist())]
 
 
 @dataclass

@@ -138,7 +138,7 @@ def run_rollout(run_root: str, step: int) -> dict[str, Any]:
     drafter_versions = {d.name: d.version for d in host.engine.drafters}
     if host.engine.worker_drafter is not None:
         drafter_versions[host.engine.worker_drafter.name] = host.engine.worker_drafter.version
-    records = [{**out.to_json(), "step": step, "prompt_token_ids": out.prompt_token_ids,
+    records = [{**out.to_json(), "step": step,
                 "drafter_versions": drafter_versions, "answer": by_id[out.request_id].get("answer"),
                 "task": by_id[out.request_id].get("task", "")} for out in result.outputs]
     write_jsonl(run.rollouts(step), records)

@@ -21,6 +21,7 @@ _ENV_DEFAULTS = {
     "TRANSFORMERS_OFFLINE": "1",
     "TORCH_EXTENSIONS_DIR": str(CACHE_DIR / "torch_extensions"),
     "TRITON_CACHE_DIR": str(CACHE_DIR / "triton"),
+    "TORCHINDUCTOR_CACHE_DIR": str(CACHE_DIR / "torchinductor"),
     "WANDB_DIR": str(CACHE_DIR / "wandb"),
     "WANDB_CACHE_DIR": str(CACHE_DIR / "wandb" / "cache"),
     "WANDB_DATA_DIR": str(CACHE_DIR / "wandb" / "data"),

@@ -16,7 +16,7 @@ from specactor_engine.cli import app
 from specactor_engine.config import SamplingConfig, SpecActorConfig
 from specactor_engine.types import EngineStats, Request, RolloutResult, SequenceOutput
 
-OUTPUT_KEYS = {"id", "sample", "token_ids", "text", "logprobs", "finish_reason", "policy_version"}
+OUTPUT_KEYS = {"id", "sample", "prompt_token_ids", "token_ids", "text", "logprobs", "finish_reason", "policy_version"}
 PROMPT_LINES = ['{"id": "q1", "prompt": "2+2?"}', '{"id": 7, "prompt_token_ids": [1, 2, 3]}']
 
 runner = CliRunner()

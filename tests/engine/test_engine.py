@@ -34,6 +34,41 @@ def test_logprobs_equal_a_fresh_full_forward(target):
         assert torch.allclose(torch.tensor(out.logprobs), expected[:, 0], atol=1e-4)
 
 
+def test_top_logprobs_equal_a_fresh_full_forward_and_are_off_by_default(target):
+    """top_logprobs=N: per emitted token, the N most likely ids and log-probs of log_softmax(logits / T),
+    the same with speculation; the emitted token's log-prob is among or below them; absent when N = 0."""
+    temperature, n = 0.7, 5
+    params = sampling(temperature, n=2, max_new_tokens=20, top_logprobs=n)
+    plain = run(target, ragged_requests(6), params)
+    spec = run(target, ragged_requests(6), params, "coupled", [make_drafter("model", target, torch.float32)], k=3)
+    for out, other in zip(plain.outputs, spec.outputs):
+        assert out.top_logprobs is not None and other.top_logprobs is not None
+        ids, values = out.top_logprobs
+        assert ids.shape == values.shape == (len(out.token_ids), n) and ids.dtype == torch.int32
+        full = torch.tensor([out.prompt_token_ids + out.token_ids])
+        with torch.no_grad():
+            log_p = torch.log_softmax(target(full).logits[0, len(out.prompt_token_ids) - 1 : -1] / temperature, -1)
+        expected = log_p.topk(n, dim=-1)
+        assert torch.equal(ids.long(), expected.indices)
+        assert torch.allclose(values, expected.values, atol=1e-4)
+        assert bool((torch.tensor(out.logprobs) <= values[:, 0] + 1e-6).all())
+        assert torch.equal(other.top_logprobs[0], ids) and torch.allclose(other.top_logprobs[1], values, atol=1e-4)
+        pairs = out.to_json()["top_logprobs"]
+        assert len(pairs) == len(out.token_ids) and pairs[0][0][0] == int(ids[0, 0])
+    default = run(target, ragged_requests(2), sampling(temperature, max_new_tokens=5))
+    assert all(o.top_logprobs is None and "top_logprobs" not in o.to_json() for o in default.outputs)
+
+
+def test_top_logprobs_follow_a_stop_string_cut(target):
+    plain = run(target, ragged_requests(4), sampling(0.0, max_new_tokens=30))
+    stop = plain.outputs[0].text[5:7]
+    result = run(target, ragged_requests(4), sampling(0.0, max_new_tokens=30, stop=[stop], top_logprobs=3),
+                 "coupled", [make_drafter("self", target, torch.float32)], k=5)
+    for out in result.outputs:
+        assert out.top_logprobs[0].shape == (len(out.token_ids), 3)
+        assert out.top_logprobs[0][:, 0].tolist() == out.token_ids  # greedy: the top token is the emitted one
+
+
 def test_max_new_tokens_and_eos(target):
     result = run(target, ragged_requests(8), sampling(1.0, max_new_tokens=7, stop_token_ids=[]))
     for out in result.outputs:

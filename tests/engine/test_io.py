@@ -10,7 +10,7 @@ import pytest
 from specactor_engine.io import PromptFileError, read_requests, write_outputs, write_stats
 from specactor_engine.types import Request, SequenceOutput
 
-OUTPUT_KEYS = {"id", "sample", "token_ids", "text", "logprobs", "finish_reason", "policy_version"}
+OUTPUT_KEYS = {"id", "sample", "prompt_token_ids", "token_ids", "text", "logprobs", "finish_reason", "policy_version"}
 GOOD_LINES = [
     '{"id": 1, "prompt": "What is 2+2?", "answer": "4"}',
     "",
@@ -109,7 +109,7 @@ def test_write_outputs_lines(tmp_path: Path) -> None:
     records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
     assert [set(r) for r in records] == [OUTPUT_KEYS] * 3
     assert records[0] == {
-        "id": "a", "sample": 0, "token_ids": [5, 6], "text": "héllo",
+        "id": "a", "sample": 0, "prompt_token_ids": [1, 2], "token_ids": [5, 6], "text": "héllo",
         "logprobs": [-0.5, -0.25], "finish_reason": "stop", "policy_version": 3,
     }
     assert [(r["id"], r["sample"]) for r in records] == [("a", 0), ("a", 1), ("b", 0)]
