@@ -211,6 +211,10 @@ class SamplingConfig(_Frozen):
         default_factory=list, description="Token ids that end a sample, in addition to EOS."
     )
     ignore_eos: bool = Field(False, description="Keep generating past EOS.")
+    top_logprobs: int = Field(0, ge=0, le=1024, description=(
+        "Also return the N most likely tokens and their log-probabilities (temperature-scaled, like `logprobs`) "
+        "at every emitted position, as vLLM's logprobs=N; 0 = off. Drafter distillation uses them as soft "
+        "targets."))
 
     @property
     def greedy(self) -> bool:
@@ -262,13 +266,18 @@ class DrafterSyncConfig(_Frozen):
     soft_top_k: int = Field(32, ge=0, description="Train on the new policy's top-k next-token distribution at every "
                             "rollout position, as `specactor drafter distill` does (0: on the sampled tokens only).")
     freeze_embeddings: bool = Field(True, description="Keep model drafters' (tied) embeddings fixed while refreshing.")
+    distill_loss: Literal["kl", "coupled"] = Field("kl", description=(
+        "With soft_top_k: 'kl' (cross-entropy to the policy's top-k) or 'coupled' (the engine's acceptance "
+        "probability, as `drafter distill --loss coupled`)."))
+    freeze_layers: int = Field(0, ge=0, description="Keep model drafters' first N blocks fixed while refreshing.")
     collapse_ratio: float = Field(0.5, gt=0, le=1, description="Alarm when acceptance < ratio x previous step.")
 
     def budget(self) -> Any:
         from specactor_engine.distill import DistillBudget
 
         return DistillBudget(self.distill_steps, self.distill_seconds, self.distill_batch_size, self.distill_lr,
-                             freeze_embeddings=self.freeze_embeddings)
+                             freeze_embeddings=self.freeze_embeddings, loss=self.distill_loss,
+                             freeze_layers=self.freeze_layers)
 
 
 class WandbConfig(_Frozen):

@@ -29,6 +29,8 @@ class DistillBudget:
     lr: float = 1e-4
     seed: int = 0
     freeze_embeddings: bool = False
+    loss: str = "kl"  # with soft targets: "kl" or "coupled" (see `Distiller`)
+    freeze_layers: int = 0
 
 
 SoftTargets = tuple[torch.Tensor, torch.Tensor]  # per sample: target top-k ids [L, k], log-probs [L, k]
@@ -85,7 +87,8 @@ class Distiller:
     """
 
     def __init__(self, model: nn.Module, lr: float, seed: int = 0, freeze_embeddings: bool = False,
-                 autocast: torch.dtype | None = None, loss: str = "kl", kl_weight: float = 0.1) -> None:
+                 autocast: torch.dtype | None = None, loss: str = "kl", kl_weight: float = 0.1,
+                 freeze_layers: int = 0) -> None:
         if loss not in LOSSES:
             raise ValueError(f"unknown distillation loss {loss!r}; expected one of {', '.join(LOSSES)}")
         self.model = model
@@ -94,6 +97,7 @@ class Distiller:
         self.rng = random.Random(seed)
         self.device = next(model.parameters()).device
         self.freeze_embeddings = freeze_embeddings
+        self.freeze_layers = freeze_layers  # the first N blocks stay as they are (no backward through them)
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
         self.steps = 0
         head = model.lm_head
@@ -120,6 +124,8 @@ class Distiller:
         self.model.train().requires_grad_(True)
         if self.freeze_embeddings:
             self.model.get_input_embeddings().requires_grad_(False)
+        for layer in self.model.model.layers[: self.freeze_layers]:
+            layer.requires_grad_(False)
         picked = self.rng.sample(range(len(usable)), min(batch_size, len(usable)))
         ids, attention, where = pad_batch([usable[i] for i in picked], self.device)
         with torch.autocast(self.device.type, dtype=self.autocast or torch.bfloat16, enabled=self.autocast is not None):
@@ -182,7 +188,8 @@ def distill_on_rollouts(model: nn.Module, sequences: Sequence[tuple[list[int], l
     soft_usable = [soft[i] for i in keep] if soft is not None else None
     if not usable:
         return {"distill_steps": 0.0}
-    distiller = Distiller(model, budget.lr, budget.seed, freeze_embeddings=budget.freeze_embeddings)
+    distiller = Distiller(model, budget.lr, budget.seed, freeze_embeddings=budget.freeze_embeddings,
+                          loss=budget.loss if soft_usable is not None else "kl", freeze_layers=budget.freeze_layers)
     started, losses = time.perf_counter(), []
     try:
         for _ in range(budget.max_steps):

@@ -1,10 +1,10 @@
 """Train a draft model from a target: `specactor drafter distill` (resumable, saves an HF model).
 
-Training data are exact samples of the target, so next-token cross-entropy on them is
+Training data are samples of the target, so next-token cross-entropy on them is
 sequence-level distillation (`distill.Distiller`, the same steps as the pipeline's per-step
 refresh). They come either from rollout records that carry `prompt_token_ids` and `token_ids`
 (the pipeline's `steps/*/rollouts.jsonl`), or from a prompt file, rolled out with the target
-first. The drafter starts from a model (`--init`) or from the target's first N layers with the
+first (in bf16 with `--bf16-autocast`; the rollout's own top-k log-probs become the soft targets). The drafter starts from a model (`--init`) or from the target's first N layers with the
 target's final norm and head (`--init-layers N`: a policy-derived drafter).
 
 The output directory holds the drafter as a Hugging Face model (`model.safetensors`, config,
@@ -55,6 +55,7 @@ class DistillSettings:
     lr_floor: float = 0.1
     loss: str = "kl"  # with soft targets: "kl" or "coupled" (`distill.Distiller`)
     kl_weight: float = 0.1
+    freeze_layers: int = 0  # keep the drafter's first N blocks fixed (faster steps, less over-fitting)
 
 
 def scheduled_lr(settings: DistillSettings, step: int, elapsed_s: float) -> float:
@@ -152,6 +153,23 @@ def read_rollout_records(path: Path) -> list[tuple[list[int], list[int]]] | None
     return pairs
 
 
+def read_record_top_logprobs(path: Path, k: int) -> list[SoftTargets] | None:
+    """Soft targets carried by rollout records: each record's `top_logprobs` (rollouts made with
+    `sampling.top_logprobs` >= k) cut to the top k, as `teacher_topk` returns them; None unless every
+    record has them for every output token (then the teacher pass is needed)."""
+    soft: list[SoftTargets] = []
+    for raw in path.read_text(encoding="utf-8").splitlines():
+        if not raw.strip():
+            continue
+        record = json.loads(raw)
+        top = record.get("top_logprobs")
+        if not isinstance(top, list) or len(top) != len(record["token_ids"]) or any(len(row) < k for row in top):
+            return None
+        table = torch.tensor([pair for row in top for pair in row[:k]], dtype=torch.float64).view(len(top), k, 2)
+        soft.append((table[..., 0].to(torch.int32), table[..., 1].to(torch.float16)))
+    return soft or None
+
+
 def distill(model: nn.Module, tokenizer: Any, pairs: list[tuple[list[int], list[int]]], out: Path,
             settings: DistillSettings, on_step: Callable[[int, float], None] | None = None,
             soft: Sequence[SoftTargets] | None = None, student: StudentSampler | None = None) -> dict[str, Any]:
@@ -170,7 +188,8 @@ def distill(model: nn.Module, tokenizer: Any, pairs: list[tuple[list[int], list[
     if student is not None and soft_usable is None:
         raise ValueError("on-policy rounds need soft targets (the drafter's own samples carry no labels)")
     distiller = Distiller(model, settings.lr, settings.seed, freeze_embeddings=settings.freeze_embeddings,
-                          autocast=settings.autocast, loss=settings.loss, kl_weight=settings.kl_weight)
+                          autocast=settings.autocast, loss=settings.loss, kl_weight=settings.kl_weight,
+                          freeze_layers=settings.freeze_layers)
     state_path = out / STATE_FILE
     if state_path.exists():
         distiller.load_state_dict(torch.load(state_path, weights_only=False))

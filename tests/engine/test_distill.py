@@ -137,3 +137,29 @@ def test_the_coupled_loss_raises_the_engines_acceptance_probability_more_than_kl
     assert results["coupled"] > results["kl"] + 0.01, results
     with pytest.raises(ValueError, match="expected one of kl, coupled"):
         Distiller(make_tiny_model("llama", seed=1, num_layers=1), lr=1e-3, loss="tvd")
+
+
+def test_frozen_layers_stay_as_they_are_and_the_rest_trains():
+    from specactor_engine.distill import Distiller
+    from specactor_engine.drafter_training import teacher_topk, truncated_copy
+
+    target = make_tiny_model("llama", seed=0, num_layers=3, init_range=0.5)
+    pairs = [(o.prompt_token_ids, o.token_ids)
+             for o in run(target, ragged_requests(6, seed=2), sampling(1.0, max_new_tokens=12, ignore_eos=True)).outputs]
+    draft = truncated_copy(target, 2)
+    before = {name: p.detach().clone() for name, p in draft.named_parameters()}
+    distiller = Distiller(draft, lr=3e-3, seed=0, loss="coupled", freeze_layers=1)
+    for _ in range(3):
+        distiller.step(pairs, 4, teacher_topk(target, pairs, k=8))
+    distiller.finish()
+    for name, param in draft.named_parameters():
+        frozen = name.startswith("model.layers.0.")
+        assert torch.equal(param, before[name]) == frozen or name.startswith("model.embed"), name
+
+
+def test_the_sync_budget_carries_the_loss_and_the_frozen_layers():
+    from specactor_engine.config import DrafterSyncConfig
+
+    budget = DrafterSyncConfig(distill_loss="coupled", freeze_layers=4).budget()
+    assert budget.loss == "coupled" and budget.freeze_layers == 4
+    assert DrafterSyncConfig().budget().loss == "kl"

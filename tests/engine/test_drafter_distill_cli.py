@@ -50,6 +50,50 @@ def test_from_prompts_with_init_layers_then_resume(target_dir: Path, tmp_path: P
     assert torch.load(out / STATE_FILE, weights_only=False)["steps"] == 5
 
 
+def test_sampled_prompts_keep_the_rollouts_top_k_as_soft_targets(target_dir: Path, tmp_path: Path):
+    """No teacher pass after sampling: the cache holds the rollout's own top-k, which is the teacher's."""
+    from specactor_engine.drafter_training import teacher_topk
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"add {i}"}) + "\n" for i in range(3)))
+    out = tmp_path / "drafter"
+    args = ("--init-layers", "1", "--soft-top-k", "6", "--steps", "1", "--no-bf16-autocast")
+    result = runner.invoke(app, distill_args(target_dir, prompts, out, *args))
+    assert result.exit_code == 0, result.output
+    pairs = [(r["prompt_token_ids"], r["token_ids"])
+             for r in map(json.loads, (out / "target_samples.jsonl").read_text().splitlines())]
+    cached = torch.load(out / TEACHER_FILE, weights_only=True)
+    expected = teacher_topk(load_hf_model(target_dir, "float32"), pairs, k=6)
+    assert len(cached) == len(expected) == 6
+    for (ids, values), (want_ids, want_values) in zip(cached, expected):
+        assert torch.equal(ids, want_ids)
+        torch.testing.assert_close(values.float(), want_values.float(), atol=2e-3, rtol=0)
+
+
+def test_rollout_records_with_top_logprobs_are_their_own_soft_targets(target_dir: Path, tmp_path: Path):
+    """`specactor rollout --set sampling.top_logprobs=N` output trains without a teacher pass."""
+    from specactor_engine.drafter_training import teacher_topk
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"p{i}", "prompt_token_ids": [3 + i, 4, 5]}) + "\n" for i in range(3)))
+    records = tmp_path / "rollouts.jsonl"
+    rolled = runner.invoke(app, ["rollout", "--prompts", str(prompts), "--out", str(records), "--set",
+                                 f"model.target={target_dir}", "--set", "rollout.mode=ar", "--set",
+                                 "model.chat_template=false", "--set",
+                                 "sampling.top_logprobs=6", "--set", "sampling.n=2", "--set", "sampling.max_new_tokens=6"])
+    assert rolled.exit_code == 0, rolled.output
+    out = tmp_path / "drafter"
+    result = runner.invoke(app, distill_args(target_dir, records, out, "--init-layers", "1", "--soft-top-k", "4",
+                                             "--steps", "1", "--no-bf16-autocast"))
+    assert result.exit_code == 0, result.output
+    assert "the records' own top-4 log-probs" in " ".join(result.output.split())
+    pairs = [(r["prompt_token_ids"], r["token_ids"]) for r in map(json.loads, records.read_text().splitlines())]
+    expected = teacher_topk(load_hf_model(target_dir, "float32"), pairs, k=4)
+    for (ids, values), (want_ids, want_values) in zip(torch.load(out / TEACHER_FILE, weights_only=True), expected):
+        assert torch.equal(ids, want_ids)
+        torch.testing.assert_close(values.float(), want_values.float(), atol=2e-3, rtol=0)
+
+
 def test_from_rollout_records_with_an_init_model(target_dir: Path, tmp_path: Path):
     init = save_tiny_model(tmp_path / "init", "llama", seed=9, num_layers=1)
     records = tmp_path / "rollouts.jsonl"
@@ -71,6 +115,8 @@ def test_from_rollout_records_with_an_init_model(target_dir: Path, tmp_path: Pat
     (['not json'], ["--init-layers", "1"], "rollouts.jsonl:1: not JSON"),
     (['{"prompt_token_ids": [1], "token_ids": [2]}'], [], "give exactly one of --init and --init-layers"),
     (['{"prompt_token_ids": [1], "token_ids": [2]}'], ["--init-layers", "3"], "--init-layers must be between 1 and 2"),
+    (['{"prompt_token_ids": [1], "token_ids": [2]}'], ["--init-layers", "1", "--freeze-layers", "1"],
+     "--freeze-layers 1 leaves nothing to train in a 1-layer drafter"),
 ])
 def test_bad_input_fails_with_a_clear_message(target_dir: Path, tmp_path: Path, lines, extra, expected):
     data = tmp_path / "rollouts.jsonl"
