@@ -28,6 +28,7 @@ from specactor_engine.decoupled.protocol import SamplingSpec
 from specactor_engine.decoupled.sync import WorkerDrafterSync
 from specactor_engine.decoupled.transport import WorkerSpec
 from specactor_engine.drafters import DraftRequest, Drafter, DrafterContext, build_drafter
+from specactor_engine.heap import release_free_memory
 from specactor_engine.model_runner import ModelRunner, load_hf_model
 from specactor_engine.sampling import (
     STREAM_ACCEPT,
@@ -71,6 +72,7 @@ class _Sequence:
 
 
 MODES = ("ar", "coupled", "decoupled", "specactor")
+TRIM_HEAP_EVERY = 32  # rounds between returning freed heap memory to the OS (~5 ms each)
 
 
 class Engine:
@@ -352,11 +354,15 @@ class _Run:
 
     def decode(self, sequences: list[_Sequence], progress: Callable[[int, int], None] | None = None) -> None:
         pending = deque(sequences)
+        rounds = 0
         while pending or self.slot_seq:
             if pending and self.free:
                 self._admit([pending.popleft() for _ in range(min(len(pending), len(self.free)))])
             if self.slot_seq:
                 self._round()
+                rounds += 1
+                if rounds % TRIM_HEAP_EVERY == 0:
+                    release_free_memory()  # freed attention temporaries fragment glibc's heap (heap.py)
             if progress is not None:
                 progress(len(sequences) - len(pending) - len(self.slot_seq), len(sequences))
 
