@@ -219,17 +219,13 @@ def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, temperature: f
     """log softmax(logits / T) at `token_ids` (T = 1 when greedy): [R, T] float32.
 
     This is what an RL trainer recomputes; top-k/top-p are deliberately not applied.
-    log_probs: `scaled_log_softmax(logits, temperature)` when the caller already has it; otherwise
-    the picked logit minus the log-sum-exp (no [R, T, V] output is written).
+    log_probs: `scaled_log_softmax(logits, temperature)` when the caller already has it (top_logprobs).
+    Computed as log_softmax then gather, op for op what the trainer recomputes (tasks/grpo.py), so
+    an on-policy importance ratio is exactly 1.
     """
-    if log_probs is not None:
-        return log_probs.gather(-1, token_ids[..., None]).squeeze(-1).float()
-    scale = temperature if temperature > 0 else 1.0
-    scores = logits.float() if logits.dtype != torch.float64 else logits
-    if scale != 1.0:
-        scores = scores / scale
-    picked = scores.gather(-1, token_ids[..., None]).squeeze(-1)
-    return (picked - torch.logsumexp(scores, dim=-1)).float()
+    if log_probs is None:
+        log_probs = scaled_log_softmax(logits, temperature)
+    return log_probs.gather(-1, token_ids[..., None]).squeeze(-1).float()
 
 
 def top_logprobs(log_probs: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
