@@ -17,23 +17,9 @@ from typing import Callable
 
 import torch
 
+from specactor_engine.sampling import mix32
+
 logger = logging.getLogger(__name__)
-
-MASK32 = 0xFFFFFFFF
-# the multipliers of specactor_engine.sampling.mix32 (kept in step by tests/kernels)
-_MUL_A = 0x7FEB352D
-_MUL_B = 0x5BD1E995
-
-
-def _mix32(x: torch.Tensor) -> torch.Tensor:
-    """`specactor_engine.sampling.mix32`: 32-bit values in int64, no product overflows."""
-    x = x ^ (x >> 16)
-    x = (x * _MUL_A) & MASK32
-    x = x ^ (x >> 15)
-    x = (x * _MUL_B) & MASK32
-    x = x ^ (x >> 16)
-    x = (x * _MUL_A) & MASK32
-    return x ^ (x >> 15)
 
 
 def gumbel_argmax_reference(scores: torch.Tensor, keys: torch.Tensor, token_hash: torch.Tensor) -> torch.Tensor:
@@ -43,7 +29,7 @@ def gumbel_argmax_reference(scores: torch.Tensor, keys: torch.Tensor, token_hash
     (32-bit values, `sampling._combine` of sequence key, position and stream); token_hash: [V] int64
     (`mix32(v * golden)`). Uniform = (top 23 bits + 0.5) * 2**-23, Gumbel = -log(-log(uniform)).
     """
-    bits = _mix32(keys[:, None] ^ token_hash[None, :])
+    bits = mix32(keys[:, None] ^ token_hash[None, :])
     uniform = ((bits >> 9).to(torch.float32) + 0.5) * 2.0**-23
     return (scores + torch.log(uniform).neg().log().neg()).argmax(dim=-1)
 

@@ -25,12 +25,6 @@ def random_case(rows: int, width: int, vocab: int, seed: int, dtype: torch.dtype
     return scores, seq_keys, positions
 
 
-def test_constants_follow_the_sampling_module():
-    assert (kernel._MUL_A, kernel._MUL_B, kernel.MASK32) == (sampling._MUL_A, sampling._MUL_B, sampling.MASK32)
-    x = torch.randint(0, 2**32, (1000,), dtype=torch.long)
-    assert torch.equal(kernel._mix32(x), sampling.mix32(x))
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_reference_equals_the_materialised_noise_path(dtype):
     scores, seq_keys, positions = random_case(5, 3, 5000, seed=0, dtype=dtype)
