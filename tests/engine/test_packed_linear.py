@@ -1,0 +1,68 @@
+"""oneDNN pre-packed linears: equal to the modules they replace, and never stale after a weight update."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specactor_engine.model_runner import ModelRunner
+from specactor_engine.packed_linear import PackedLinear, packing_supported
+from specactor_engine.weights import load_named_weights
+from tests.fixtures.tiny_models import make_tiny_model
+
+pytestmark = pytest.mark.skipif(not packing_supported(torch.float32, torch.device("cpu")),
+                                reason="this torch has no oneDNN")
+
+
+def linears(dtype: torch.dtype, bias: bool) -> list[nn.Linear]:
+    torch.manual_seed(0)
+    return [nn.Linear(48, n, bias=bias).to(dtype) for n in (32, 16, 16)]
+
+
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_fused_projection_equals_each_module(dtype, tolerance, bias):
+    modules = linears(dtype, bias)
+    fused = PackedLinear(modules)
+    x = torch.randn(3, 5, 48).to(dtype)  # [R, T, K]
+    for got, module in zip(fused.split(fused(x)), modules):
+        want = F.linear(x, module.weight, module.bias)
+        assert got.shape == want.shape
+        assert (got.float() - want.float()).abs().max() <= tolerance * want.float().abs().max()
+
+
+def test_an_in_place_weight_update_is_picked_up():
+    """A weight sync copies into the parameters: the packed copy must follow (it is keyed by the
+    parameters' version counters), not keep serving the old policy."""
+    modules = linears(torch.float32, bias=True)
+    fused = PackedLinear(modules)
+    x = torch.randn(4, 48)
+    before = fused(x)
+    new = [(f"{i}.weight", torch.randn_like(m.weight)) for i, m in enumerate(modules)]
+    load_named_weights(nn.ModuleList(modules), new)
+    after = fused(x)
+    assert not torch.allclose(after, before)
+    want = torch.cat([F.linear(x, m.weight, m.bias) for m in modules], dim=-1)
+    assert torch.allclose(after, want, atol=1e-5)
+    with torch.no_grad():
+        modules[2].bias.add_(1.0)  # a bias alone changing counts too
+    assert torch.allclose(fused(x)[:, 48:], want[:, 48:] + 1.0, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+def test_runner_logits_match_the_unpacked_modules(family):
+    model = make_tiny_model(family, seed=3)
+    tokens = torch.randint(3, 250, (2, 9), generator=torch.Generator().manual_seed(0))
+    packed = ModelRunner(model, num_slots=2, max_len=16)
+    plain = ModelRunner(model, num_slots=2, max_len=16, packed_linear=False)
+    assert packed.projections is not None and plain.projections is None
+    got, want = packed.forward(tokens, torch.arange(2)), plain.forward(tokens, torch.arange(2))
+    assert (got - want).abs().max() < 1e-4 * want.abs().max()
+
+
+def test_float64_keeps_the_models_own_modules():
+    """oneDNN has no float64 GEMM: exactness tests in fp64 run the Hugging Face modules."""
+    model = make_tiny_model("llama", seed=1, dtype=torch.float64)
+    assert ModelRunner(model, num_slots=1, max_len=8).projections is None
