@@ -19,10 +19,10 @@ from benchmark.traces import get_trace
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
 
-MATMUL_OPS = ("aten::addmm", "aten::mm", "aten::matmul", "aten::linear")
+MATMUL_OPS = ("aten::addmm", "aten::mm", "aten::matmul", "aten::linear", "mkldnn::_linear_pointwise")
 # bmm: the engine's grouped attention for bf16/fp16 (scores and weighted values)
 ATTENTION_OPS = ("aten::_scaled_dot_product", "aten::scaled_dot_product", "aten::softmax", "aten::_softmax",
-                 "aten::bmm", "aten::masked_fill")
+                 "aten::bmm", "aten::masked_fill", "specactor::paged_decode_attention")
 GATHER_OPS = ("aten::index", "aten::index_put", "aten::gather", "aten::copy_", "aten::cat")
 
 
@@ -44,7 +44,9 @@ def main(trace_name: Annotated[str, typer.Option("--trace", help="Whose target a
          context: Annotated[int, typer.Option("--context", min=1)] = 256,
          steps: Annotated[int, typer.Option("--steps", min=1)] = 8,
          threads: Annotated[int, typer.Option("--threads", min=1)] = 2,
-         top: Annotated[int, typer.Option("--top", min=1)] = 15) -> None:
+         top: Annotated[int, typer.Option("--top", min=1)] = 15,
+         cpu_kernels: Annotated[bool, typer.Option(help="oneDNN packed linears and the paged attention kernel "
+                                                        "(model.cpu_kernels); off: torch's own ops.")] = True) -> None:
     """Profile the engine's one-token decode step on the trace's target."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -57,7 +59,7 @@ def main(trace_name: Annotated[str, typer.Option("--trace", help="Whose target a
     target, dtype = model or trace.model.target, dtype or trace.dtype
     loaded, _ = load_target(RunSpec(system="ar", trace=trace, target=target, drafter=None, dtype=dtype,
                                     threads=threads))
-    runner = ModelRunner(loaded)
+    runner = ModelRunner(loaded, packed_linear=cpu_kernels, paged_attention=cpu_kernels)
     runner.allocate(batch, context + steps + 2)
     slots = torch.arange(batch)
     generator = torch.Generator().manual_seed(0)

@@ -255,6 +255,7 @@ class EngineSystem(System):
 
     mode = "ar"
     verify_length = "fixed"
+    cpu_kernels = True  # oneDNN pre-packed linears and the paged attention kernel for the target
 
     def __init__(self, spec: RunSpec) -> None:
         from specactor_engine.engine import Engine
@@ -262,7 +263,8 @@ class EngineSystem(System):
         model, tokenizer = load_target(spec)
         self.engine = Engine(model, tokenizer, mode=self.mode, num_draft_tokens=spec.num_draft_tokens,
                              max_batch_size=spec.max_batch_size or ALL_AT_ONCE,
-                             drafters=self._drafters(spec, model, tokenizer), verify_length=self.verify_length)
+                             drafters=self._drafters(spec, model, tokenizer), verify_length=self.verify_length,
+                             cpu_kernels=self.cpu_kernels)
 
     def _drafters(self, spec: RunSpec, model: torch.nn.Module, tokenizer: Any) -> list[Drafter]:
         return []
@@ -292,6 +294,13 @@ class AutoregressiveEngine(EngineSystem):
     """The engine without speculation: the speed and identity reference."""
 
     mode = "ar"
+
+
+@register_system("ar-torch")
+class AutoregressiveTorchOps(AutoregressiveEngine):
+    """`ar` with torch's own linear and attention ops (model.cpu_kernels=false): what the kernels buy."""
+
+    cpu_kernels = False
 
 
 def _drafter_context(spec: RunSpec, model: torch.nn.Module, tokenizer: Any) -> Any:

@@ -49,6 +49,11 @@ class ModelConfig(_Frozen):
         True, description="Apply the tokenizer's chat template to 'prompt' and 'messages' inputs."
     )
     cache_dir: str | None = Field(None, description="Model cache directory (None: the user cache dir).")
+    cpu_kernels: bool = Field(
+        True, description="On CPU, run the target's linear layers through oneDNN with pre-packed weights and its "
+        "decode/verify attention through the paged kernel (kernels/); false: torch's own ops (slower; same "
+        "tokens up to floating-point near-ties).",
+    )
 
 
 class _DrafterBase(_Frozen):

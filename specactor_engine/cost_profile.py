@@ -28,7 +28,7 @@ logger = logging.getLogger(__name__)
 
 # Bump when the forward's cost structure changes (e.g. a new attention kernel): cached profiles measured
 # with older code then no longer match and are measured again.
-COST_MODEL_VERSION = 2  # 2: bf16/fp16 attention by fp32 batched matmuls
+COST_MODEL_VERSION = 3  # 2: bf16/fp16 attention by fp32 batched matmuls; 3: packed linears, paged attention
 PROFILE_CONTEXT = 256  # committed tokens per row while profiling (a mid-rollout length)
 SHORT_CONTEXT = 128  # the profile's shorter context
 CONTEXT_BUCKET = 256  # the longer context is the rollout's longest, rounded up to a multiple of this
@@ -65,6 +65,7 @@ def profile_key(runner: ModelRunner, batches: tuple[int, ...], widths: tuple[int
         "architecture": runner.model.config.to_dict(), "dtype": str(runner.dtype), "device": str(runner.device),
         "threads": torch.get_num_threads(), "cpu": cpu_model(), "torch": torch.__version__,
         "batches": batches, "widths": widths, "context": context, "version": COST_MODEL_VERSION,
+        "cpu_kernels": [runner.projections is not None, runner.paged_attention],
     }
     return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 

@@ -83,7 +83,8 @@ class Engine:
                  chat_template: bool = True, drafters: Sequence[Drafter] = (), check_invariants: bool = False,
                  verify_length: str = "fixed", cost_table: CostTable | CostProfile | None = None,
                  coordinator: DecoupledCoordinator | None = None, verifier_threads: int | None = None,
-                 dynamic_decoupling: bool = False, selection: str = "cascade", combine_below: int = 0) -> None:
+                 dynamic_decoupling: bool = False, selection: str = "cascade", combine_below: int = 0,
+                 cpu_kernels: bool = True) -> None:
         self.tokenizer = tokenizer
         self.mode = mode
         self.num_draft_tokens = num_draft_tokens if mode != "ar" else 0
@@ -129,7 +130,8 @@ class Engine:
         self.length_policy: VerifyLengthPolicy | None = None
         self.policy_version = 0
         self.vocab_size = target.config.vocab_size
-        self.runner = ModelRunner(target)
+        # cpu_kernels: oneDNN pre-packed linears and the paged decode-attention kernel (model_runner.py)
+        self.runner = ModelRunner(target, packed_linear=cpu_kernels, paged_attention=cpu_kernels)
         self.eos_ids = eos_token_ids(tokenizer, target)
 
     # ------------------------------------------------------------------ construction
@@ -161,7 +163,8 @@ class Engine:
                    drafters=drafters, verify_length=config.rollout.verify_length, coordinator=coordinator,
                    verifier_threads=verifier_threads,
                    dynamic_decoupling=coordinator is not None and config.rollout.decoupled.dynamic,
-                   selection=config.rollout.selection, combine_below=config.rollout.combine_below)
+                   selection=config.rollout.selection, combine_below=config.rollout.combine_below,
+                   cpu_kernels=config.model.cpu_kernels)
         if coordinator is not None and worker_spec is not None:
             engine.worker_drafter = WorkerDrafterSync(coordinator, worker_spec.model_path, worker_spec.dtype)
         return engine
