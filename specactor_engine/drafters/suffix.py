@@ -155,13 +155,15 @@ class SuffixDrafter(Drafter):
         return slot
 
     def observe_commit(self, state: SequenceState, slots: torch.Tensor) -> None:
-        for slot in slots.tolist():
+        # one host copy of the lengths per round: per-row tensor indexing cost more than the tree updates
+        prompt_lengths, lengths = state.prompt_lengths[slots].tolist(), state.lengths[slots].tolist()
+        tokens = state.tokens.numpy()
+        for slot, prompt_length, end in zip(slots.tolist(), prompt_lengths, lengths):
             if slot not in self.slot_group:
                 continue
-            start = int(state.prompt_lengths[slot]) + self.fed[slot]
-            end = int(state.lengths[slot])
+            start = prompt_length + self.fed[slot]
             if end > start:
-                self.trees[self.slot_group[slot][0]].extend(self._slot_string(slot), state.tokens[slot, start:end].tolist())
+                self.trees[self.slot_group[slot][0]].extend(self._slot_string(slot), tokens[slot, start:end].tolist())
                 self.fed[slot] += end - start
 
     def finish_rows(self, state: SequenceState, slots: torch.Tensor) -> None:
