@@ -269,6 +269,10 @@ class EngineSystem(System):
     def _drafters(self, spec: RunSpec, model: torch.nn.Module, tokenizer: Any) -> list[Drafter]:
         return []
 
+    def prepare(self, requests: Sequence[Request], sampling: SamplingConfig) -> None:
+        # the KV caches are sized at start-up, as vLLM sizes its own: not part of the makespan
+        self.engine.reserve(requests, sampling)
+
     def set_history(self, requests: Sequence[Request], history: dict[str, list[list[int]]] | None) -> None:
         from specactor_engine.drafters.suffix import SuffixDrafter, SuffixHistory
         from specactor_engine.tokenize import encode_request
@@ -338,6 +342,7 @@ class CoupledDynamicEngine(CoupledEngine):
 
     def prepare(self, requests: Sequence[Request], sampling: SamplingConfig) -> None:
         self.engine.prepare_length_policy(requests, sampling)
+        super().prepare(requests, sampling)
 
 
 @register_system("coupled-suffix")
@@ -409,6 +414,7 @@ class DecoupledEngine(EngineSystem):
             self.engine.prepare_length_policy(requests, sampling)
         finally:
             torch.set_num_threads(previous)
+        super().prepare(requests, sampling)
 
     def external_cpu_s(self) -> float:
         return sum(w.transport.cpu_s() for w in self.coordinator.workers) if self.coordinator is not None else 0.0
@@ -511,6 +517,7 @@ class OracleEngine(EngineSystem):
         return [self.oracle]
 
     def prepare(self, requests: Sequence[Request], sampling: SamplingConfig) -> None:
+        super().prepare(requests, sampling)
         for _ in range(self.passes - 1):
             outputs = self.engine.generate(requests, sampling).outputs
             self.oracle.references = {sequence_key(sampling.seed, o.request_id, o.sample_index): o.token_ids

@@ -246,6 +246,19 @@ class Engine:
         else:
             self.length_policy.cost = table
 
+    def reserve(self, requests: Sequence[Request], sampling: Any) -> None:
+        """Size the KV caches for a `generate` of these requests now rather than inside it.
+
+        A later call of at most this size reuses the buffers (as every step of a training run does);
+        this moves the one-off allocation (gigabytes at large batches) to start-up, where vLLM's own
+        KV cache allocation is too.
+        """
+        runnable = [s for s in self._prepare(requests, sampling) if s.error is None]
+        if runnable:
+            num_slots, max_len = self._reserve(runnable, sampling)
+            if self.coordinator is not None:
+                self.coordinator.reserve(num_slots, max_len)
+
     def _reserve(self, sequences: list[_Sequence], sampling: Any) -> tuple[int, int]:
         """Allocate target and drafter caches for this call: (slots, tokens per slot)."""
         num_slots = max(1, min(self.max_batch_size, len(sequences)))

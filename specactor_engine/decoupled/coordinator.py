@@ -26,6 +26,7 @@ from specactor_engine.decoupled.protocol import (
     Pause,
     Ready,
     RemoveRows,
+    Reserve,
     Reset,
     SamplingSpec,
     WeightsLoaded,
@@ -81,6 +82,13 @@ class DecoupledCoordinator:
             if worker.ready:
                 self._send(index, self.reset_message)
                 self._send(index, Pause(False))
+
+    def reserve(self, num_slots: int, max_len: int) -> None:
+        """Have every ready worker size its KV cache now (start-up): the `Reset` of a generate call
+        of at most this size then reuses it instead of allocating on the rollout's clock."""
+        for index, worker in enumerate(self.workers):
+            if worker.ready:
+                self._send(index, Reserve(num_slots, max_len))
 
     def close(self) -> None:
         for worker in self.workers:

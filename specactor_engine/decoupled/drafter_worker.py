@@ -32,6 +32,7 @@ from specactor_engine.decoupled.protocol import (
     Pause,
     Ready,
     RemoveRows,
+    Reserve,
     Reset,
     SamplingSpec,
     Shutdown,
@@ -78,7 +79,9 @@ class DraftWorker:
         """Apply one message; returns the reply to send, if it has one (`LoadWeights`)."""
         if isinstance(message, LoadWeights):
             return self._load_weights(message)
-        if isinstance(message, Reset):
+        if isinstance(message, Reserve):
+            self.runner.allocate(message.num_slots, message.max_len)
+        elif isinstance(message, Reset):
             self.rows.clear()
             self.runner.allocate(message.num_slots, message.max_len)
             self.sampling, self.window, self.max_len = message.sampling, message.window, message.max_len

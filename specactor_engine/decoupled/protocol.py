@@ -1,6 +1,6 @@
 """Messages between the verifier and its drafter workers, and the chain hash that validates drafts.
 
-Verifier -> drafter:  `Reset` (a new generate call), `AddRows`, `Commits` (every round, the tokens
+Verifier -> drafter:  `Reserve` (size the KV cache at start-up), `Reset` (a new generate call), `AddRows`, `Commits` (every round, the tokens
                       each row committed), `RemoveRows`, `Pause`, `LoadWeights` (the pipeline's drafter
                       sync, between generate calls), `Shutdown`.
 Drafter -> verifier:  `Drafts` (one draft step: one token per row it drafted for), `Ready`,
@@ -60,6 +60,14 @@ class SamplingSpec:
     top_k: int
     top_p: float
     max_new_tokens: int
+
+
+@dataclass(frozen=True)
+class Reserve:
+    """Size the KV cache now, ahead of generate calls of up to this size (start-up; rows unchanged)."""
+
+    num_slots: int
+    max_len: int
 
 
 @dataclass(frozen=True)

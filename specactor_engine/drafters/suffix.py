@@ -2,8 +2,8 @@
 
 For every prompt (a GRPO group) one `SuffixTree` indexes every suffix, up to `max_depth` tokens
 long, of: the prompt; the outputs of earlier rollouts of the same prompt (`SuffixHistory`,
-bounded, persisted in the run directory); and the outputs of the group's samples in flight,
-extended token by token as they commit. Each node counts how often its path occurred. To draft
+bounded, persisted in the run directory); and the outputs of the group's samples in flight
+and finished, added when a row of the group next drafts (see `_catch_up`). Each node counts how often its path occurred. To draft
 for a row, the longest suffix of its output (at most `max_depth - 1` tokens, at least
 `min_match`) that is a path in the tree is found, and the draft follows the most frequent child
 from there. The row's own newest occurrence has no child yet, so it never proposes itself;
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 from collections import deque
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -28,10 +27,14 @@ from specactor_engine.state import SequenceState
 from specactor_engine.types import DraftProposal
 
 
-@dataclass
 class _Node:
-    count: int = 0
-    children: dict[int, "_Node"] = field(default_factory=dict)
+    """A path in the tree: how often it occurred and its one-token extensions."""
+
+    __slots__ = ("count", "children")  # millions of these: no per-node __dict__
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.children: dict[int, _Node] = {}
 
 
 class SuffixTree:
@@ -45,10 +48,11 @@ class SuffixTree:
 
     def extend(self, string_id: int, tokens: Iterable[int]) -> None:
         """Append tokens to string `string_id` (a new id starts a new string)."""
-        active = self.open.setdefault(string_id, [])
+        active = self.open.get(string_id, [])
+        keep = self.max_depth - 1
         for token in tokens:
             grown = []
-            for node in [*active, self.root]:  # every open suffix, plus the one starting here
+            for node in (*active, self.root):  # every open suffix, plus the one starting here
                 child = node.children.get(token)
                 if child is None:
                     child = node.children[token] = _Node()
@@ -56,7 +60,8 @@ class SuffixTree:
                 child.count += 1
                 grown.append(child)
             # a suffix that reached max_depth stops growing (the oldest one is the first)
-            active[:] = grown[-(self.max_depth - 1):] if self.max_depth > 1 else []
+            active = grown[-keep:] if keep > 0 else []
+        self.open[string_id] = active
 
     def continuation(self, context: list[int], k: int, min_match: int) -> list[int]:
         """Up to k tokens following the longest suffix of `context` found in the tree (most frequent path)."""
@@ -125,6 +130,9 @@ class SuffixDrafter(Drafter):
         self.history = SuffixHistory(int(getattr(config, "max_history", 16)))
         self.trees: dict[str, SuffixTree] = {}
         self.slot_group: dict[int, tuple[str, tuple[int, ...]]] = {}
+        self.group_slots: dict[str, set[int]] = {}  # group -> its slots in flight
+        # group -> (string id, tokens) of finished rows not yet in the tree
+        self.pending: dict[str, list[tuple[int, list[int]]]] = {}
         self.fed: dict[int, int] = {}  # slot -> output tokens already in its group's tree
         self.next_string = 0
 
@@ -132,11 +140,14 @@ class SuffixDrafter(Drafter):
         """A new generate call: trees are rebuilt from prompts and history as groups appear."""
         self.trees.clear()
         self.slot_group.clear()
+        self.group_slots.clear()
+        self.pending.clear()
         self.fed.clear()
 
     def add_rows(self, state: SequenceState, slots: torch.Tensor) -> None:
-        for slot in slots.tolist():
-            prompt = tuple(state.tokens[slot, : int(state.prompt_lengths[slot])].tolist())
+        prompt_lengths = state.prompt_lengths[slots].tolist()
+        for slot, prompt_length in zip(slots.tolist(), prompt_lengths):
+            prompt = tuple(state.tokens[slot, :prompt_length].tolist())
             key = SuffixHistory.key(prompt)
             if key not in self.trees:
                 tree = self.trees[key] = SuffixTree(self.max_depth)
@@ -144,47 +155,66 @@ class SuffixDrafter(Drafter):
                 for past in self.history.get(prompt):
                     tree.extend(self._string(), past)
             self.slot_group[slot] = (key, prompt)
+            self.group_slots.setdefault(key, set()).add(slot)
             self.fed[slot] = 0
             self.trees[key].open[self._slot_string(slot)] = []
 
     def _string(self) -> int:
         self.next_string += 1
-        return -self.next_string  # history/prompt strings: negative ids, never a slot's
+        return -self.next_string  # history/prompt/finished strings: negative ids, never a slot's
 
     def _slot_string(self, slot: int) -> int:
         return slot
 
-    def observe_commit(self, state: SequenceState, slots: torch.Tensor) -> None:
-        # one host copy of the lengths per round: per-row tensor indexing cost more than the tree updates
-        prompt_lengths, lengths = state.prompt_lengths[slots].tolist(), state.lengths[slots].tolist()
+    # Committed tokens join the tree lazily, when a row of their group asks for a draft: at large
+    # batches the engine rarely drafts (the verify length is 0), and indexing every token of every
+    # row each round cost more than the drafts were worth. The tree a draft sees is the same as if
+    # every token had been added at its commit (counts do not depend on the order of insertion).
+    def _catch_up(self, key: str, state: SequenceState) -> None:
+        """Add every committed token of the group's strings not yet in its tree."""
+        tree = self.trees[key]
+        for string_id, tokens in self.pending.pop(key, ()):
+            tree.extend(string_id, tokens)
+            tree.open.pop(string_id, None)  # a finished string grows no more
+        slots = sorted(self.group_slots.get(key, ()))
+        if not slots:
+            return
+        index = torch.tensor(slots)
+        starts = (state.prompt_lengths[index]).tolist()
+        ends = state.lengths[index].tolist()
         tokens = state.tokens.numpy()
-        for slot, prompt_length, end in zip(slots.tolist(), prompt_lengths, lengths):
-            if slot not in self.slot_group:
-                continue
+        for slot, prompt_length, end in zip(slots, starts, ends):
             start = prompt_length + self.fed[slot]
             if end > start:
-                self.trees[self.slot_group[slot][0]].extend(self._slot_string(slot), tokens[slot, start:end].tolist())
-                self.fed[slot] += end - start
+                tree.extend(self._slot_string(slot), tokens[slot, start:end].tolist())
+                self.fed[slot] = end - prompt_length
 
     def finish_rows(self, state: SequenceState, slots: torch.Tensor) -> None:
-        """Finished rows: their outputs join the history (their tree string stays for siblings)."""
+        """Finished rows: their outputs join the history, and (lazily) the tree for their siblings."""
         for slot in slots.tolist():
             group = self.slot_group.pop(slot, None)
             if group is None:
                 continue
-            start, end = len(group[1]), int(state.lengths[slot])
-            self.history.add(group[1], state.tokens[slot, start:end].tolist())
-            self.fed.pop(slot, None)
-            # its counts stay in the tree for the siblings; the slot id may be reused by another row
-            self.trees[group[0]].open.pop(self._slot_string(slot), None)
+            key, prompt = group
+            start, end = len(prompt), int(state.lengths[slot])
+            output = state.tokens[slot, start:end].tolist()
+            self.history.add(prompt, output)
+            self.group_slots[key].discard(slot)
+            # the slot id may be reused by another row: its string continues under a fresh id
+            string_id, tree = self._string(), self.trees[key]
+            tree.open[string_id] = tree.open.pop(self._slot_string(slot), [])
+            self.pending.setdefault(key, []).append((string_id, output[self.fed.pop(slot, 0):]))
 
     def propose(self, state: SequenceState, request: DraftRequest) -> DraftProposal:
         k = int(request.max_draft_tokens.max()) if len(request.slots) else 0
         token_ids = torch.zeros(len(request.slots), k, dtype=torch.long)
         num_tokens = torch.zeros(len(request.slots), dtype=torch.long)
-        for row, (slot, cap) in enumerate(zip(request.slots.tolist(), request.max_draft_tokens.tolist())):
-            if cap <= 0 or slot not in self.slot_group:
-                continue
+        rows = [(row, slot, cap) for row, (slot, cap) in
+                enumerate(zip(request.slots.tolist(), request.max_draft_tokens.tolist()))
+                if cap > 0 and slot in self.slot_group]
+        for key in {self.slot_group[slot][0] for _, slot, _ in rows}:
+            self._catch_up(key, state)
+        for row, slot, cap in rows:
             start = int(state.prompt_lengths[slot])
             end = int(state.lengths[slot])
             context = state.tokens[slot, max(start, end - self.max_depth) : end].tolist()

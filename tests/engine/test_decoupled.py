@@ -18,7 +18,7 @@ import torch
 from specactor_engine.decoupled.buffers import DraftBuffers
 from specactor_engine.decoupled.coordinator import DecoupledCoordinator
 from specactor_engine.decoupled.drafter_worker import DraftWorker
-from specactor_engine.decoupled.protocol import AddRows, Commits, Drafts, Reset, SamplingSpec, chain_hash
+from specactor_engine.decoupled.protocol import AddRows, Commits, Drafts, Reserve, Reset, SamplingSpec, chain_hash
 from specactor_engine.decoupled.transport import DelayedTransport, LocalWorker, WorkerSpec
 from specactor_engine.engine import Engine
 from specactor_engine.model_runner import load_hf_model
@@ -221,6 +221,19 @@ def test_worker_realigns_on_a_diverging_commit(target):
     assert row.kv <= 3 + 1  # KV cut back to the divergence
     nxt = worker.step()
     assert int(nxt.positions[0]) == 2 and int(nxt.parent_hashes[0]) == chain_hash([drafted[0], wrong])
+
+
+def test_worker_reserve_sizes_the_cache_a_later_reset_reuses(target):
+    """`Reserve` at start-up allocates the worker's KV cache; a generate call's `Reset` of at most that
+    size keeps the same buffers (no allocation on the rollout's clock)."""
+    worker = DraftWorker(target, target.config.vocab_size)
+    worker.handle(Reserve(4, 64))
+    cache = worker.runner.cache
+    assert cache.num_slots >= 4 and cache.max_len >= 64
+    worker.handle(Reset(3, 60, SamplingSpec(1.0, 0, 1.0, 20), window=3, generation=1))
+    assert worker.runner.cache is cache
+    worker.handle(Reset(4, 128, SamplingSpec(1.0, 0, 1.0, 20), window=3, generation=2))
+    assert worker.runner.cache is not cache and worker.runner.cache.max_len >= 128  # bigger: re-sized
 
 
 # ------------------------------------------------------------------------------ drafter weight sync

@@ -179,6 +179,19 @@ def test_kv_rollback_is_a_length_change_without_copy(target):
     assert again.shape == (2, 1, target.config.vocab_size)
 
 
+def test_reserve_sizes_the_cache_that_generate_then_reuses(target):
+    """Engine.reserve allocates the KV cache a generate of those requests needs (so benchmarks and
+    training start-up pay for it, not the rollout); the generate reuses it and outputs do not change."""
+    requests, params = ragged_requests(4), sampling(0.8, n=2, max_new_tokens=12)
+    expected = token_ids(Engine(target, make_tokenizer(), mode="ar").generate(requests, params))
+    engine = Engine(target, make_tokenizer(), mode="ar")
+    engine.reserve(requests, params)
+    cache = engine.runner.cache
+    assert cache.num_slots >= 8 and cache.max_len >= max(len(r.prompt_token_ids) for r in requests) + 12
+    assert token_ids(engine.generate(requests, params)) == expected
+    assert engine.runner.cache is cache  # not re-allocated
+
+
 def test_decoding_returns_freed_heap_memory_every_few_rounds(target, monkeypatch):
     """The decode loop trims glibc's heap every TRIM_HEAP_EVERY rounds (a long CPU rollout's resident
     memory otherwise climbs with fragmentation), and trimming changes no output."""

@@ -8,6 +8,7 @@ import torch
 
 from specactor_engine.drafters.suffix import SuffixDrafter, SuffixHistory, SuffixTree
 from specactor_engine.engine import Engine
+from specactor_engine.state import SequenceState
 from specactor_engine.types import Request
 from tests.engine.test_exactness import MAX_LEN, sampling, token_ids
 from tests.fixtures.tiny_models import make_tiny_model, make_tokenizer
@@ -77,3 +78,58 @@ def test_history_survives_save_and_load_state(tmp_path):
     restored.load_state(tmp_path / "drafters")
     assert restored.history.get([1, 2, 3]) == [[4, 5, 6]]
     SuffixDrafter(SimpleNamespace(name="other")).load_state(tmp_path / "drafters")  # nothing saved: no error
+
+
+def _paths(node, prefix=()):
+    """Every path of a tree with its count: {tokens: count}."""
+    found = {}
+    for token, child in node.children.items():
+        found[prefix + (token,)] = child.count
+        found.update(_paths(child, prefix + (token,)))
+    return found
+
+
+def test_lazily_indexed_tree_matches_one_built_from_every_string():
+    """Committed tokens join the tree only when the group drafts; what a draft sees must equal a tree
+    holding the prompt and every sibling's committed output, in flight or finished, even when a
+    finished row's slot is reused by a later row of the group."""
+    drafter = SuffixDrafter(SimpleNamespace(name="suffix", max_depth=5, min_match=1, max_history=0))
+    state = SequenceState.allocate(num_slots=3, max_len=64)
+    prompt = [1, 2, 3]
+    drafter.allocate(3, 64)
+
+    def admit(slots):
+        slots = torch.tensor(slots)
+        for slot in slots.tolist():
+            state.tokens[slot, :3] = torch.tensor(prompt)
+            state.lengths[slot] = state.prompt_lengths[slot] = 3
+        drafter.add_rows(state, slots)
+
+    def commit(slots, rows):
+        slots = torch.tensor(slots)
+        state.append(slots, torch.tensor(rows), torch.tensor([len(r) for r in rows]))
+        drafter.observe_commit(state, slots)
+
+    generator = torch.Generator().manual_seed(0)
+    outputs = {0: [], 1: [], 2: []}
+    admit([0, 1, 2])
+    finished = []
+    for step in range(12):
+        live = [s for s in (0, 1, 2) if s in drafter.slot_group]
+        rows = [torch.randint(1, 6, (3,), generator=generator).tolist() for _ in live]
+        commit(live, rows)
+        for slot, row in zip(live, rows):
+            outputs[slot] += row
+        if step == 3:  # slot 1 finishes; a new row of the same prompt takes its slot
+            drafter.finish_rows(state, torch.tensor([1]))
+            finished.append(outputs[1])
+            outputs[1] = []
+            admit([1])
+        if step in (2, 5, 11):  # a draft request: the tree catches up first (step 2: slot 1 half fed)
+            request = SimpleNamespace(slots=torch.tensor([0]), max_draft_tokens=torch.tensor([2]))
+            drafter.propose(state, request)
+            eager = SuffixTree(max_depth=5)
+            for string_id, tokens in enumerate([prompt, *finished, outputs[0], outputs[1], outputs[2]]):
+                eager.extend(string_id, tokens)
+            key = drafter.slot_group[0][0]
+            assert _paths(drafter.trees[key].root) == _paths(eager.root)
