@@ -256,8 +256,8 @@ class Engine:
         runnable = [s for s in self._prepare(requests, sampling) if s.error is None]
         if runnable:
             num_slots, max_len = self._reserve(runnable, sampling)
-            if self.coordinator is not None:
-                self.coordinator.reserve(num_slots, max_len)
+            if self.coordinator is not None and not self.coordinator.reserve(num_slots, max_len):
+                logger.warning("a drafter worker did not size its KV cache in time; it will on the first generate")
 
     def _reserve(self, sequences: list[_Sequence], sampling: Any) -> tuple[int, int]:
         """Allocate target and drafter caches for this call: (slots, tokens per slot)."""

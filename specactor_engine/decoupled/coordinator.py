@@ -21,12 +21,14 @@ import numpy as np
 from specactor_engine.decoupled.buffers import DraftBuffers
 from specactor_engine.decoupled.protocol import (
     AddRows,
+    Commits,
     Drafts,
     LoadWeights,
     Pause,
     Ready,
     RemoveRows,
     Reserve,
+    Reserved,
     Reset,
     SamplingSpec,
     WeightsLoaded,
@@ -49,6 +51,7 @@ class WorkerSlot:
     restarts: int = 0
     started: float = field(default_factory=time.perf_counter)
     weights: WeightsLoaded | None = None  # its answer to the latest LoadWeights
+    reserved: Reserved | None = None  # its answer to the latest Reserve
 
 
 class DecoupledCoordinator:
@@ -61,6 +64,7 @@ class DecoupledCoordinator:
         self.reset_message: Reset | None = None
         self.buffers: DraftBuffers | None = None
         self.worker_of = np.zeros(0, dtype=np.int64)
+        self.sent = np.zeros(0, dtype=np.int64)
         self.rows: dict[int, tuple[int, np.ndarray]] = {}  # slot -> (key, prompt ids)
         self.output_of: Callable[[int], list[int]] = lambda slot: []
         self.generation = 0
@@ -75,6 +79,7 @@ class DecoupledCoordinator:
         self.reset_message = Reset(num_slots, max_len, sampling, window, self.generation)
         self.buffers = DraftBuffers(num_slots, window)
         self.worker_of = np.full(num_slots, NO_WORKER, dtype=np.int64)
+        self.sent = np.zeros(num_slots, dtype=np.int64)  # output tokens of each row its worker has been sent
         self.rows.clear()
         self.output_of = output_of
         self.paused = False
@@ -83,12 +88,23 @@ class DecoupledCoordinator:
                 self._send(index, self.reset_message)
                 self._send(index, Pause(False))
 
-    def reserve(self, num_slots: int, max_len: int) -> None:
-        """Have every ready worker size its KV cache now (start-up): the `Reset` of a generate call
-        of at most this size then reuses it instead of allocating on the rollout's clock."""
-        for index, worker in enumerate(self.workers):
-            if worker.ready:
-                self._send(index, Reserve(num_slots, max_len))
+    def reserve(self, num_slots: int, max_len: int, timeout_s: float = 300.0) -> bool:
+        """Have every ready worker size its KV cache now (start-up), and wait until they have: the
+        `Reset` of a generate call of at most this size then reuses it instead of allocating on the
+        rollout's clock (a worker still zeroing gigabytes would also take a core from the verifier's
+        prefill). Between generate calls only. True when every ready worker answered in time."""
+        asked = [index for index, worker in enumerate(self.workers) if worker.ready]
+        for index in asked:
+            self.workers[index].reserved = None
+            self._send(index, Reserve(num_slots, max_len))
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self._drain_control()
+            waiting = [i for i in asked if self.workers[i].reserved is None and self.workers[i].transport.alive()]
+            if not waiting:
+                break
+            time.sleep(0.01)
+        return all(self.workers[i].reserved is not None for i in asked)
 
     def close(self) -> None:
         for worker in self.workers:
@@ -137,6 +153,7 @@ class DecoupledCoordinator:
     def add_rows(self, slots: np.ndarray, keys: np.ndarray, prompts: list[np.ndarray]) -> None:
         assert self.buffers is not None
         self.buffers.add_rows(slots)
+        self.sent[slots] = 0
         for slot, key, prompt in zip(slots.tolist(), keys.tolist(), prompts):
             self.rows[slot] = (key, prompt)
         live = [i for i, w in enumerate(self.workers) if w.transport.alive()]
@@ -157,11 +174,35 @@ class DecoupledCoordinator:
                 self._send_rows(index, mine, with_output=False)
 
     def pause(self, paused: bool) -> None:
-        """Pause or resume drafting on every worker (dynamic decoupling's plain-decoding phases)."""
+        """Pause or resume drafting on every worker (dynamic decoupling's plain-decoding phases).
+
+        Paused workers get no commits (applying them every round took CPU from the verifier that
+        the pause is meant to give back); on resume each first gets what its rows committed meanwhile.
+        """
+        resuming = self.paused and not paused
         self.paused = paused
         for index, worker in enumerate(self.workers):
-            if worker.ready:
-                self._send(index, Pause(paused))
+            if not worker.ready:
+                continue
+            if resuming:
+                self._send_missed_commits(index)
+            self._send(index, Pause(paused))
+
+    def _send_missed_commits(self, index: int) -> None:
+        """One `Commits` with every output token the worker's rows committed since it was last sent any."""
+        slots = np.flatnonzero(self.worker_of == index)
+        if not len(slots):
+            return
+        outputs = [np.asarray(self.output_of(slot), dtype=np.int64)[self.sent[slot]:] for slot in slots.tolist()]
+        lengths = np.array([len(o) for o in outputs], dtype=np.int64)
+        keep = lengths > 0
+        if not keep.any():
+            return
+        slots, lengths = slots[keep], lengths[keep]
+        tokens = np.concatenate([o for o, k in zip(outputs, keep.tolist()) if k])
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        self._send(index, Commits(slots, self.sent[slots].copy(), offsets, tokens))
+        self.sent[slots] += lengths
 
     def remove_rows(self, slots: np.ndarray) -> None:
         owners = self.worker_of[slots]
@@ -199,6 +240,8 @@ class DecoupledCoordinator:
                     self._on_ready(index)
                 elif isinstance(message, WeightsLoaded):
                     self._on_weights(index, message)
+                elif isinstance(message, Reserved):
+                    worker.reserved = message
             if take_drafts and not worker.transport.alive():
                 self._lost(index, "process exited")
 
@@ -210,6 +253,8 @@ class DecoupledCoordinator:
         """Reconcile the buffers with a verify (or prefill) round and send each worker its commits."""
         assert self.buffers is not None
         commits = self.buffers.reconcile(slots, output, emitted)
+        if self.paused:
+            return  # held back: `pause(False)` sends what the rows committed meanwhile
         owners = self.worker_of[slots]
         for index in set(owners.tolist()) - {NO_WORKER}:
             if not self.workers[index].ready:
@@ -222,6 +267,7 @@ class DecoupledCoordinator:
             tokens = np.concatenate([commits.tokens[s : s + n] for s, n in zip(row_starts, lengths)]) \
                 if len(lengths) else np.zeros(0, dtype=np.int64)
             self._send(index, type(commits)(slots[mask], commits.starts[mask], offsets, tokens))
+            self.sent[slots[mask]] = commits.starts[mask] + lengths
 
     # ------------------------------------------------------------------ failures
     def _send(self, index: int, message: object) -> None:
@@ -235,6 +281,7 @@ class DecoupledCoordinator:
         prompts = [self.rows[s][1] for s in slots.tolist()]
         outputs = [np.asarray(self.output_of(s) if with_output else [], dtype=np.int64) for s in slots.tolist()]
         self._send(index, AddRows(slots, keys, prompts, outputs))
+        self.sent[slots] = [len(o) for o in outputs]
 
     def _on_weights(self, index: int, message: WeightsLoaded) -> None:
         self.workers[index].weights = message

@@ -33,6 +33,7 @@ from specactor_engine.decoupled.protocol import (
     Ready,
     RemoveRows,
     Reserve,
+    Reserved,
     Reset,
     SamplingSpec,
     Shutdown,
@@ -76,12 +77,13 @@ class DraftWorker:
 
     # ------------------------------------------------------------------ messages
     def handle(self, message: Any) -> Any | None:
-        """Apply one message; returns the reply to send, if it has one (`LoadWeights`)."""
+        """Apply one message; returns the reply to send, if it has one (`LoadWeights`, `Reserve`)."""
         if isinstance(message, LoadWeights):
             return self._load_weights(message)
         if isinstance(message, Reserve):
             self.runner.allocate(message.num_slots, message.max_len)
-        elif isinstance(message, Reset):
+            return Reserved(self.runner.cache.num_slots, self.runner.cache.max_len)
+        if isinstance(message, Reset):
             self.rows.clear()
             self.runner.allocate(message.num_slots, message.max_len)
             self.sampling, self.window, self.max_len = message.sampling, message.window, message.max_len

@@ -4,7 +4,7 @@ Verifier -> drafter:  `Reserve` (size the KV cache at start-up), `Reset` (a new 
                       each row committed), `RemoveRows`, `Pause`, `LoadWeights` (the pipeline's drafter
                       sync, between generate calls), `Shutdown`.
 Drafter -> verifier:  `Drafts` (one draft step: one token per row it drafted for), `Ready`,
-                      `WeightsLoaded` (the answer to `LoadWeights`).
+                      `WeightsLoaded` (the answer to `LoadWeights`), `Reserved` (the answer to `Reserve`).
 
 A draft is trusted only if it continues exactly the chain the verifier holds. Rather than epochs
 that both sides must keep in step, every draft carries the rolling hash of the output tokens it
@@ -64,7 +64,16 @@ class SamplingSpec:
 
 @dataclass(frozen=True)
 class Reserve:
-    """Size the KV cache now, ahead of generate calls of up to this size (start-up; rows unchanged)."""
+    """Size the KV cache now, ahead of generate calls of up to this size (start-up; rows unchanged).
+    Answered with `Reserved` once the cache is allocated."""
+
+    num_slots: int
+    max_len: int
+
+
+@dataclass(frozen=True)
+class Reserved:
+    """The answer to `Reserve`: the worker's KV cache has this many slots of this many positions."""
 
     num_slots: int
     max_len: int

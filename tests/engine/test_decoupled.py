@@ -18,8 +18,9 @@ import torch
 from specactor_engine.decoupled.buffers import DraftBuffers
 from specactor_engine.decoupled.coordinator import DecoupledCoordinator
 from specactor_engine.decoupled.drafter_worker import DraftWorker
-from specactor_engine.decoupled.protocol import AddRows, Commits, Drafts, Reserve, Reset, SamplingSpec, chain_hash
-from specactor_engine.decoupled.transport import DelayedTransport, LocalWorker, WorkerSpec
+from specactor_engine.decoupled.protocol import (AddRows, Commits, Drafts, Pause, Ready, Reserve, Reserved, Reset,
+                                                 SamplingSpec, chain_hash)
+from specactor_engine.decoupled.transport import DelayedTransport, LocalWorker, Transport, WorkerSpec
 from specactor_engine.engine import Engine
 from specactor_engine.model_runner import load_hf_model
 from specactor_engine.types import Request
@@ -227,13 +228,78 @@ def test_worker_reserve_sizes_the_cache_a_later_reset_reuses(target):
     """`Reserve` at start-up allocates the worker's KV cache; a generate call's `Reset` of at most that
     size keeps the same buffers (no allocation on the rollout's clock)."""
     worker = DraftWorker(target, target.config.vocab_size)
-    worker.handle(Reserve(4, 64))
+    assert worker.handle(Reserve(4, 64)) == Reserved(4, 64)  # the answer the coordinator waits for
     cache = worker.runner.cache
     assert cache.num_slots >= 4 and cache.max_len >= 64
     worker.handle(Reset(3, 60, SamplingSpec(1.0, 0, 1.0, 20), window=3, generation=1))
     assert worker.runner.cache is cache
     worker.handle(Reset(4, 128, SamplingSpec(1.0, 0, 1.0, 20), window=3, generation=2))
     assert worker.runner.cache is not cache and worker.runner.cache.max_len >= 128  # bigger: re-sized
+
+
+def test_coordinator_reserve_waits_for_every_worker(delayed_pair):
+    assert delayed_pair.reserve(4, 64, timeout_s=60)
+    assert all(w.reserved is not None and w.reserved.num_slots >= 4 and w.reserved.max_len >= 64
+               for w in delayed_pair.workers)
+
+
+class RecordingTransport(Transport):
+    """An in-process stand-in for a worker: ready at once, keeps every message sent to it."""
+
+    def __init__(self) -> None:
+        self.sent: list[object] = []
+        self.announced = False
+
+    def send(self, message: object) -> None:
+        self.sent.append(message)
+
+    def drain(self) -> list[object]:
+        if self.announced:
+            return []
+        self.announced = True
+        return [Ready(pid=0, load_s=0.0)]
+
+    def alive(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        pass
+
+
+def test_paused_workers_get_no_commits_and_catch_up_on_resume(target):
+    """Dynamic decoupling's plain phases: a paused worker is sent no per-round commits (applying them
+    took CPU from the verifier); on resume one message brings each row's chain up to date."""
+    transport = RecordingTransport()
+    coordinator = DecoupledCoordinator(lambda index: transport, 1)
+    assert coordinator.wait_ready(5)
+    outputs: dict[int, list[int]] = {0: [], 1: []}
+    coordinator.reset(2, 64, SamplingSpec(1.0, 0, 1.0, 20), window=3, output_of=lambda slot: outputs[slot])
+    coordinator.add_rows(np.array([0, 1]), np.array([7, 8]), [np.array([5, 6]), np.array([5, 7])])
+
+    def commit(rows: dict[int, list[int]]) -> None:
+        slots = np.array(sorted(rows))
+        width = max(max(len(t) for t in rows.values()), 1)
+        output = np.zeros((len(slots), width), dtype=np.int64)
+        for r, slot in enumerate(slots.tolist()):
+            output[r, : len(rows[slot])] = rows[slot]
+            outputs[slot] += rows[slot]
+        coordinator.after_round(slots, output, np.array([len(rows[s]) for s in slots.tolist()]))
+
+    commit({0: [1, 2], 1: [3]})
+    coordinator.pause(True)
+    paused_from = len(transport.sent)
+    commit({0: [4], 1: [5, 6]})
+    commit({0: [7, 8, 9], 1: []})
+    assert not any(isinstance(m, Commits) for m in transport.sent[paused_from:])
+    coordinator.pause(False)
+    resumed = transport.sent[paused_from:]
+    assert [type(m) for m in resumed] == [Commits, Pause]  # the missed commits, then the resume
+    commit({0: [10], 1: [11]})
+    worker = DraftWorker(target, target.config.vocab_size)
+    for message in transport.sent:
+        worker.handle(message)
+    for slot in (0, 1):
+        assert worker.rows[slot].chain == outputs[slot] and worker.rows[slot].known == len(outputs[slot])
 
 
 # ------------------------------------------------------------------------------ drafter weight sync
