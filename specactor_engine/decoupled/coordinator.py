@@ -97,14 +97,17 @@ class DecoupledCoordinator:
         for index in asked:
             self.workers[index].reserved = None
             self._send(index, Reserve(num_slots, max_len))
+        self._await(lambda w: w.ready and w.reserved is None and w.transport.alive(), timeout_s)
+        return all(self.workers[i].reserved is not None for i in asked)
+
+    def _await(self, waiting: Callable[[WorkerSlot], bool], timeout_s: float) -> None:
+        """Take in control messages until no worker is `waiting` or the timeout passes (between calls)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             self._drain_control()
-            waiting = [i for i in asked if self.workers[i].reserved is None and self.workers[i].transport.alive()]
-            if not waiting:
-                break
+            if not any(waiting(worker) for worker in self.workers):
+                return
             time.sleep(0.01)
-        return all(self.workers[i].reserved is not None for i in asked)
 
     def close(self) -> None:
         for worker in self.workers:
@@ -122,13 +125,8 @@ class DecoupledCoordinator:
             worker.weights = None
             if worker.ready:
                 self._send(index, self.weights_message)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            self._drain_control()  # a worker still loading its model gets the file once it is Ready
-            waiting = [w for w in self.workers if w.weights is None and (w.ready or w.transport.alive())]
-            if not waiting:
-                break
-            time.sleep(0.01)
+        # a worker still loading its model gets the file once it is Ready
+        self._await(lambda w: w.weights is None and (w.ready or w.transport.alive()), timeout_s)
         return [w.weights for w in self.workers if w.weights is not None and w.weights.version == version]
 
     def _drain_control(self) -> None:

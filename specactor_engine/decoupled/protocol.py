@@ -1,8 +1,9 @@
 """Messages between the verifier and its drafter workers, and the chain hash that validates drafts.
 
-Verifier -> drafter:  `Reserve` (size the KV cache at start-up), `Reset` (a new generate call), `AddRows`, `Commits` (every round, the tokens
-                      each row committed), `RemoveRows`, `Pause`, `LoadWeights` (the pipeline's drafter
-                      sync, between generate calls), `Shutdown`.
+Verifier -> drafter:  `Reserve` (size the KV cache at start-up), `Reset` (a new generate call),
+                      `AddRows`, `Commits` (the tokens each row committed: every round, or in one message
+                      when paused workers resume), `RemoveRows`, `Pause`, `LoadWeights` (the pipeline's
+                      drafter sync, between generate calls), `Shutdown`.
 Drafter -> verifier:  `Drafts` (one draft step: one token per row it drafted for), `Ready`,
                       `WeightsLoaded` (the answer to `LoadWeights`), `Reserved` (the answer to `Reserve`).
 

@@ -3,7 +3,8 @@
 For every prompt (a GRPO group) one `SuffixTree` indexes every suffix, up to `max_depth` tokens
 long, of: the prompt; the outputs of earlier rollouts of the same prompt (`SuffixHistory`,
 bounded, persisted in the run directory); and the outputs of the group's samples in flight
-and finished, added when a row of the group next drafts (see `_catch_up`). Each node counts how often its path occurred. To draft
+and finished, added when a row of the group next drafts (see `_catch_up`). Each node counts
+how often its path occurred. To draft
 for a row, the longest suffix of its output (at most `max_depth - 1` tokens, at least
 `min_match`) that is a path in the tree is found, and the draft follows the most frequent child
 from there. The row's own newest occurrence has no child yet, so it never proposes itself;
@@ -180,7 +181,7 @@ class SuffixDrafter(Drafter):
         if not slots:
             return
         index = torch.tensor(slots)
-        starts = (state.prompt_lengths[index]).tolist()
+        starts = state.prompt_lengths[index].tolist()
         ends = state.lengths[index].tolist()
         tokens = state.tokens.numpy()
         for slot, prompt_length, end in zip(slots, starts, ends):
