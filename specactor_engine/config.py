@@ -172,6 +172,12 @@ class RolloutConfig(_Frozen):
         8, ge=0, description="Combination (Fastest-of-N with several in-process drafters, position-keyed "
         "acceptance): rounds with at most this many rows (the tail, where the verifier has spare capacity) also "
         "verify a second method's draft per row in the same forward and keep the longer accepted one; 0: never.")
+    shadow_rows: int = Field(
+        4, ge=0, description="Dynamic verify length with model-free drafters (suffix, n-gram) and position-keyed "
+        "acceptance: per round, up to this many rows that verify no drafts are drafted anyway and scored against "
+        "what they commit (a draft token is accepted iff it equals the committed one), and rows verifying fewer "
+        "drafts than their cap are drafted to the cap; this keeps the acceptance statistics and the per-request "
+        "method choice fresh without probe rounds at the deepest length. 0: probe rounds instead.")
     decoupled: DecoupledConfig = Field(default_factory=DecoupledConfig, description="Settings of mode 'decoupled'.")
 
     @field_validator("drafters")

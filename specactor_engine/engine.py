@@ -44,6 +44,7 @@ from specactor_engine.sampling import (
     warped_probs,
 )
 from specactor_engine.selector import FastestOfNSelector
+from specactor_engine.shadow import ShadowBook, ShadowDraft
 from specactor_engine.state import SequenceState
 from specactor_engine.stopping import StopRules, find_stop_string, truncate_emitted
 from specactor_engine.tokenize import encode_request, eos_token_ids
@@ -84,7 +85,7 @@ class Engine:
                  verify_length: str = "fixed", cost_table: CostTable | CostProfile | None = None,
                  coordinator: DecoupledCoordinator | None = None, verifier_threads: int | None = None,
                  dynamic_decoupling: bool = False, selection: str = "cascade", combine_below: int = 0,
-                 cpu_kernels: bool = True) -> None:
+                 shadow_rows: int = 4, cpu_kernels: bool = True) -> None:
         self.tokenizer = tokenizer
         self.mode = mode
         self.num_draft_tokens = num_draft_tokens if mode != "ar" else 0
@@ -121,6 +122,11 @@ class Engine:
         combinable = selection == "fastest_of_n" and len(self.drafters) > 1 and acceptance_rule == "position_keyed"
         self.combine_below = combine_below if combinable else 0
         self.check_invariants = check_invariants
+        if shadow_rows < 0:
+            raise ValueError(f"shadow_rows must be >= 0, got {shadow_rows}")
+        # dynamic verify length with model-free drafters and position-keyed acceptance: acceptance
+        # statistics from shadow drafts (shadow.py) instead of probe rounds at the deepest length
+        self.shadow_rows = shadow_rows
         if verify_length not in ("fixed", "dynamic"):
             raise ValueError(f"verify_length must be 'fixed' or 'dynamic', got {verify_length!r}")
         # dynamic: a VerifyLengthPolicy picks k in 0..num_draft_tokens each round (built on first use,
@@ -164,6 +170,7 @@ class Engine:
                    verifier_threads=verifier_threads,
                    dynamic_decoupling=coordinator is not None and config.rollout.decoupled.dynamic,
                    selection=config.rollout.selection, combine_below=config.rollout.combine_below,
+                   shadow_rows=config.rollout.shadow_rows,
                    cpu_kernels=config.model.cpu_kernels)
         if coordinator is not None and worker_spec is not None:
             engine.worker_drafter = WorkerDrafterSync(coordinator, worker_spec.model_path, worker_spec.dtype)
@@ -350,6 +357,14 @@ class _Run:
         self.slot_seq: dict[int, _Sequence] = {}
         self.free = list(range(num_slots - 1, -1, -1))
         self.rejection = engine.acceptance_rule == "rejection" and not self.params.greedy
+        # shadow drafts (shadow.py): the dynamic verify length's acceptance statistics, and the selector's,
+        # from model-free drafts scored against what rows commit, instead of probe rounds at max_k
+        self.shadow_drafters = [d for d in engine.drafters if d.model_free]
+        shadowing = engine.shadow_rows > 0 and engine.verify_length == "dynamic" and not self.rejection
+        self.shadows = ShadowBook() if shadowing and self.shadow_drafters else None
+        self.shadow_cursor = 0  # rows drafted only for statistics take turns by slot
+        self.full_caps: torch.Tensor | None = None  # [R] this round's draft caps before the verify length
+        self.deferred: torch.Tensor | None = None  # [R] rows whose drafts this round are scored as shadows
         self.coordinator = engine.coordinator
         if self.coordinator is not None:
             spec = SamplingSpec(sampling.temperature, sampling.top_k, sampling.top_p, sampling.max_new_tokens)
@@ -421,8 +436,10 @@ class _Run:
     def _round(self) -> None:
         round_started = time.perf_counter()
         self.round_draft_s = {}
+        self.deferred = None
         slots = torch.tensor(sorted(self.slot_seq))
         caps = self._draft_caps(slots)
+        self.full_caps = caps if self.shadows is not None else None
         context = int(self.runner.lengths[slots].max())  # attention reads every row this far
         arm = self._choose_arm(len(slots), context)
         # a paused-workers (solo) phase still drafts in process when there are in-process drafters
@@ -431,6 +448,7 @@ class _Run:
         if not drafting:
             caps = torch.zeros_like(caps)
         elif policy is not None:
+            policy.probe_deep = self.shadows is None  # shadow drafts keep the deep positions' statistics fresh
             caps = caps.clamp_max(policy.choose(len(slots), context, regime=arm or ""))
         self.round_cap = int(caps.max()) if len(caps) else 0
         started = time.perf_counter()
@@ -441,7 +459,12 @@ class _Run:
         else:
             proposal, sources = self._propose_mixed(slots, caps, workers_on=arm != SOLO)
         draft_s = time.perf_counter() - started
-        self.stats.draft_s += draft_s
+        shadow_s = 0.0
+        if self.shadows is not None and drafting:
+            started = time.perf_counter()
+            self._shadow_idle_rows(slots, caps)
+            shadow_s = time.perf_counter() - started
+        self.stats.draft_s += draft_s + shadow_s
         self.own_accepted = None
         candidates = None
         if len(self.scratch) and len(slots) <= self.engine.combine_below and self.chosen is not None:
@@ -460,7 +483,7 @@ class _Run:
         self.stats.row_rounds += len(slots)
         num_accepted = self._emit(slots, logits, proposal.token_ids, proposal.num_tokens, proposal.probs, sources)
         if self.selector is not None and self.chosen is not None:
-            drafted = caps > 0
+            drafted = caps > 0 if self.deferred is None else (caps > 0) & ~self.deferred  # shadows credit later
             keys = self.state.seq_keys[slots][drafted].tolist()
             methods = [m for m, d in zip(self.chosen, drafted.tolist()) if d]
             # credit each row's chosen method with its own drafts' acceptance (not a winning candidate's);
@@ -470,8 +493,10 @@ class _Run:
             self.selector.observe(keys, methods, credited[drafted].tolist())
         if policy is not None:
             k = int(caps.max()) if len(caps) else 0
-            policy.observe_round(k, caps.numpy(), num_accepted.numpy(), draft_s, time.perf_counter() - round_started,
-                                 len(slots), context, regime=arm or "")
+            verified = caps if self.deferred is None else torch.where(self.deferred, 0, caps)
+            # the shadow drafting of idle rows is left out: it is not part of any width's cost
+            policy.observe_round(k, verified.numpy(), num_accepted.numpy(), draft_s,
+                                 time.perf_counter() - round_started - shadow_s, len(slots), context, regime=arm or "")
         if self.phase is not None:
             self.phase.observe(arm, self.stats.timeline[-1]["emitted"], time.perf_counter() - round_started)
 
@@ -538,9 +563,13 @@ class _Run:
             rows = mine.nonzero().flatten()
             if len(rows) == 0:
                 continue
-            request = DraftRequest(slots[rows], caps[rows], self.params, coupled_noise=not self.rejection)
+            shadowing = self.full_caps is not None and drafter.model_free
+            asked = self.full_caps[rows] if shadowing else caps[rows]
+            request = DraftRequest(slots[rows], asked, self.params, coupled_noise=not self.rejection)
             started = time.perf_counter()
             proposal = drafter.propose(self.state, request)
+            if shadowing:  # drafted to the cap: what this round does not verify is scored as a shadow
+                proposal = self._shadow_beyond(slots, rows, caps, proposal, drafter.name)
             spent = time.perf_counter() - started
             self.round_draft_s[drafter.name] = self.round_draft_s.get(drafter.name, 0.0) + spent
             timed = self.stats.draft_s_per_drafter
@@ -560,6 +589,91 @@ class _Run:
         if self.rejection and probs_parts:
             merged.probs = self._merge_probs(merged, probs_parts)
         return merged, sources
+
+    # ------------------------------------------------------------------ shadow drafts (shadow.py)
+    def _shadow(self, slot: int, tokens: torch.Tensor, cap: int, method: str) -> None:
+        """Keep a row's draft [n] (made with `cap` slots) to score once the row has committed that far."""
+        seq = self.slot_seq[slot]
+        self.shadows.add(slot, ShadowDraft(len(seq.output_ids), tuple(tokens.tolist()), cap, method, seq.key))
+
+    def _shadow_beyond(self, slots: torch.Tensor, rows: torch.Tensor, caps: torch.Tensor, proposal: DraftProposal,
+                       method: str) -> DraftProposal:
+        """A model-free drafter drafted `rows` (indices into `slots`) to their full caps: rows whose verify
+        length this round is shorter keep the whole draft as a shadow (their acceptance is then scored
+        from it, not from the verify: `self.deferred`); the proposal is cut to this round's caps."""
+        assert self.shadows is not None and self.full_caps is not None
+        if self.deferred is None:
+            self.deferred = torch.zeros(len(slots), dtype=torch.bool)
+        cut = caps[rows]
+        for i, row in enumerate(rows.tolist()):
+            slot, full = int(slots[row]), int(self.full_caps[row])
+            if full > int(cut[i]) and slot not in self.shadows:
+                self._shadow(slot, proposal.token_ids[i, : int(proposal.num_tokens[i])], full, method)
+                self.deferred[row] = True
+        width = int(caps.max()) if len(caps) else 0
+        num = torch.minimum(proposal.num_tokens, cut)
+        tokens = proposal.token_ids[:, :width].clone()
+        tokens[torch.arange(width)[None, :] >= num[:, None]] = 0
+        return DraftProposal(token_ids=tokens, num_tokens=num, probs=proposal.probs)
+
+    def _shadow_idle_rows(self, slots: torch.Tensor, caps: torch.Tensor) -> None:
+        """Draft, for statistics only, up to `shadow_rows` rows that verify no drafts this round (taking
+        turns by slot), each with the selector's model-free method for its request (the cascade without
+        a selector)."""
+        assert self.shadows is not None and self.full_caps is not None
+        full = self.full_caps
+        idle = [row for row in ((caps == 0) & (full > 0)).nonzero().flatten().tolist()
+                if int(slots[row]) not in self.shadows]
+        if not idle:
+            return
+        idle.sort(key=lambda row: (int(slots[row]) < self.shadow_cursor, int(slots[row])))
+        picked = idle[: self.engine.shadow_rows]
+        self.shadow_cursor = int(slots[picked[-1]]) + 1
+        names = [d.name for d in self.shadow_drafters]
+        chosen = dict(zip(picked, self.selector.choose(self.state.seq_keys[slots[picked]].tolist(),
+                                                       self._row_verify_s(), names))) if self.selector else {}
+        waiting = list(picked)
+        for position, drafter in enumerate(self.shadow_drafters):
+            mine = [row for row in waiting if chosen.get(row, drafter.name) == drafter.name]
+            if not mine:
+                continue
+            index = torch.tensor(mine)
+            started = time.perf_counter()
+            proposal = drafter.propose(self.state, DraftRequest(slots[index], full[index], self.params))
+            spent = time.perf_counter() - started
+            self.stats.draft_s_per_drafter[drafter.name] = self.stats.draft_s_per_drafter.get(drafter.name, 0.0) + spent
+            if self.selector is not None:
+                self.selector.observe_cost(drafter.name, spent, len(mine))
+            last = position == len(self.shadow_drafters) - 1
+            for i, row in enumerate(mine):
+                n = int(proposal.num_tokens[i])
+                if n or chosen or last:  # the cascade leaves a row without drafts to the next drafter
+                    self._shadow(int(slots[row]), proposal.token_ids[i, :n], int(full[row]), drafter.name)
+                    waiting.remove(row)
+
+    def _score_shadows(self) -> None:
+        """Score the shadow drafts of rows that have now committed past them (or finished); feed the
+        verify length's acceptance statistics and the selector."""
+        assert self.shadows is not None
+        caps, accepted, requests, methods = [], [], [], []
+        for slot in list(self.shadows.pending):
+            seq = self.slot_seq[slot]
+            done = self.shadows.resolve(slot, seq.output_ids, seq.finish_reason is not None)
+            if done is None:
+                continue
+            draft, got = done
+            caps.append(draft.cap)
+            accepted.append(got)
+            requests.append(draft.request)
+            methods.append(draft.method)
+        if not caps:
+            return
+        self.stats.shadow_drafts += len(caps)
+        self.stats.shadow_accepted += sum(accepted)
+        if self.engine.length_policy is not None:
+            self.engine.length_policy.stats.observe(caps, accepted)
+        if self.selector is not None:
+            self.selector.observe(requests, methods, accepted)
 
     def _propose_mixed(self, slots: torch.Tensor, caps: torch.Tensor,
                        workers_on: bool) -> tuple[DraftProposal, list[str | None]]:
@@ -736,6 +850,8 @@ class _Run:
         self.state.append(slots, output, counts)
         if not prefill:
             self.runner.commit(slots, counts)
+        if self.shadows is not None and self.shadows.pending:
+            self._score_shadows()
         for drafter in self.engine.drafters:
             drafter.observe_commit(self.state, slots)
         self._observe(num_drafts, num_accepted, sources)

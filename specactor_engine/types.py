@@ -119,6 +119,8 @@ class EngineStats:
     arm_skips: int = 0  # ... and explorations of the workers' arm skipped (its best case could not win)
     candidate_rows: int = 0  # combination: second candidates verified beside a row's own drafts
     candidate_wins: int = 0  # ... and how many of them were accepted further than the row's own
+    shadow_drafts: int = 0  # drafts scored against the committed tokens instead of verified (shadow.py)
+    shadow_accepted: int = 0  # ... and the tokens of them a verify would have accepted
 
     @property
     def mean_acceptance_length(self) -> float:

@@ -16,6 +16,9 @@ A pure policy over statistics (no torch, no engine), so it can be unit-tested on
   the statistics of the deeper positions stay fresh) or 0 (so the calibration below knows what
   plain rounds really cost), whichever ran least recently; a probe that changes nothing doubles
   the interval (up to `max_probe_every`), since a probe round costs what a deep verify costs.
+  With `probe_deep` off (the engine scores shadow drafts, shadow.py, which keep the deep
+  positions' statistics fresh without verifying them) only plain rounds are probed, and only
+  while speculating.
 - The profile is measured once, on an idle model and maybe another load of the machine; what a
   round really costs drifts from it (host work, sampling, other processes), and not by the same
   factor at every width. Each finished round therefore updates an EMA of observed / profiled
@@ -212,6 +215,7 @@ class VerifyLengthPolicy:
     rounds_since_probe: int = 0
     probe_interval: int = 0  # current interval (starts at probe_every)
     probe_from: int | None = None  # the length in force when the last probe ran, until the next choice
+    probe_deep: bool = True  # probe max_k too (off when shadow drafts supply the deep positions' statistics)
     # (regime, batch bucket, width) -> round last observed
     seen_at: dict[tuple[str, int, int], int] = field(default_factory=dict)
     history: list[int] = field(default_factory=list)
@@ -277,8 +281,8 @@ class VerifyLengthPolicy:
         """The length a due probe verifies: max_k (fresh statistics for the deep positions) or 0 (the true
         cost of plain rounds: the calibration only learns a width by running it, and a profile's error
         between widths is what makes speculation look cheaper than it is), whichever was run least
-        recently; None at a length that is both (never: max_k > 0)."""
-        ends = [end for end in (0, self.max_k) if end != k]
+        recently; None when nothing is left to probe (k = 0 without deep probes)."""
+        ends = [end for end in ((0, self.max_k) if self.probe_deep else (0,)) if end != k]
         bucket = self.bucket(rows)
         return min(ends, key=lambda end: self.seen_at.get((regime, bucket, end + 1), -1)) if ends else None
 

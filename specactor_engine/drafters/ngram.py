@@ -34,6 +34,8 @@ def lookup_continuation(tokens: np.ndarray, k: int, min_n: int, max_n: int) -> n
 class NgramDrafter(Drafter):
     """Model-free drafter; deterministic drafts (q is one-hot under rejection sampling)."""
 
+    model_free = True
+
     def __init__(self, config: Any, context: DrafterContext) -> None:
         self.name = getattr(config, "name", None) or "ngram"
         self.min_n = int(getattr(config, "min_n", 1))

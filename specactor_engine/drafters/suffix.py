@@ -1,14 +1,21 @@
-"""Suffix drafter: a depth-bounded suffix tree per prompt over its siblings, history and prompt.
+"""Suffix drafter: suffix matching per prompt over its siblings, history and prompt.
 
-For every prompt (a GRPO group) one `SuffixTree` indexes every suffix, up to `max_depth` tokens
-long, of: the prompt; the outputs of earlier rollouts of the same prompt (`SuffixHistory`,
-bounded, persisted in the run directory); and the outputs of the group's samples in flight
-and finished, added when a row of the group next drafts (see `_catch_up`). Each node counts
-how often its path occurred. To draft
-for a row, the longest suffix of its output (at most `max_depth - 1` tokens, at least
-`min_match`) that is a path in the tree is found, and the draft follows the most frequent child
-from there. The row's own newest occurrence has no child yet, so it never proposes itself;
-earlier repeats in its own output, siblings that went the same way, and past rollouts do.
+For every prompt (a GRPO group) the drafter keeps its strings: the prompt; the outputs of earlier
+rollouts of the same prompt (`SuffixHistory`, bounded, persisted in the run directory); and the
+outputs of the group's samples, in flight (read from the committed tokens) and finished. To draft
+for a row, the longest suffix of its output (at most `max_depth - 1` tokens, at least `min_match`)
+that occurs in those strings followed by a token is found, and the draft follows the most frequent
+next token from there, one token at a time, while the matched path is shorter than `max_depth`.
+The row's own newest occurrence has no next token yet, so it never proposes itself; earlier
+repeats in its own output, siblings that went the same way, and past rollouts do.
+
+These are exactly the drafts of a depth-bounded suffix tree over the same strings, whose nodes
+count how often their path occurred (`SuffixTree`, kept as the reference the tests compare with).
+The drafter does not build that tree: it computes the counts it needs at query time
+(`suffix_continuation`, a vectorised scan of the group's strings). Indexing every committed token
+into a tree cost ~25 us per token (one node per open suffix, in Python) whether or not the group
+ever drafted again, and at large batches the engine drafts for few rows; a scan costs only when a
+row drafts.
 
 Drafts are deterministic (one-hot q under rejection sampling); the engine's acceptance keeps
 outputs exact whatever they propose.
@@ -18,20 +25,68 @@ from __future__ import annotations
 
 import json
 from collections import deque
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
+import numpy as np
 import torch
 
 from specactor_engine.drafters.base import DraftRequest, Drafter, DrafterContext, register_drafter
 from specactor_engine.state import SequenceState
 from specactor_engine.types import DraftProposal
 
+SEPARATOR = -1  # between strings of a corpus: never equal to a token, so no match crosses it
+
+
+def suffix_continuation(corpus: np.ndarray, context: Sequence[int], k: int, min_match: int,
+                        max_depth: int) -> list[int]:
+    """Up to k tokens a depth-bounded suffix tree over the corpus' strings would draft after `context`.
+
+    corpus: [N] int64 token strings, each preceded and followed by SEPARATOR. The longest suffix
+    of `context` (at most max_depth - 1 tokens, at least min_match) occurring in the corpus
+    followed by a token is matched; then, while the matched path is shorter than max_depth, the
+    most frequent next token over the path's occurrences is drafted (the smallest id on a tie)
+    and the path grows by it.
+    """
+    longest = min(len(context), max_depth - 1)
+    if longest < min_match or k <= 0:
+        return []
+    # ends: positions of the last token of every occurrence of the path matched so far that has a next token
+    ends = np.flatnonzero(corpus[:-1] == context[-1])
+    ends = ends[corpus[ends + 1] != SEPARATOR]
+    matched = 1
+    best, best_depth = (ends, 1) if min_match <= 1 and len(ends) else (None, 0)
+    while matched < longest and len(ends):
+        # one token further back; a separator (a string's start) ends every occurrence that reaches it
+        ends = ends[corpus[ends - matched] == context[-matched - 1]]
+        matched += 1
+        if len(ends) and matched >= min_match:
+            best, best_depth = ends, matched
+    if best is None:
+        return []
+    return _follow(corpus, best, best_depth, k, max_depth)
+
+
+def _follow(corpus: np.ndarray, ends: np.ndarray, depth: int, k: int, max_depth: int) -> list[int]:
+    """Extend a matched path (occurrences ending at `ends`, `depth` tokens long) by its most frequent next tokens."""
+    draft: list[int] = []
+    while len(draft) < k and depth < max_depth:
+        following = corpus[ends + 1]
+        ends, following = ends[following != SEPARATOR], following[following != SEPARATOR]
+        if not len(following):
+            break
+        tokens, counts = np.unique(following, return_counts=True)  # ascending: argmax takes the smallest on a tie
+        token = int(tokens[int(np.argmax(counts))])
+        draft.append(token)
+        ends, depth = ends[following == token] + 1, depth + 1
+    return draft
+
 
 class _Node:
-    """A path in the tree: how often it occurred and its one-token extensions."""
+    """A path in the reference tree: how often it occurred and its one-token extensions."""
 
-    __slots__ = ("count", "children")  # millions of these: no per-node __dict__
+    __slots__ = ("count", "children")
 
     def __init__(self) -> None:
         self.count = 0
@@ -39,7 +94,10 @@ class _Node:
 
 
 class SuffixTree:
-    """Counts of every substring of length <= max_depth over a set of growing token strings."""
+    """Reference: counts of every substring of length <= max_depth over a set of growing token strings.
+
+    The drafter computes the same drafts without it (`suffix_continuation`); the tests compare the two.
+    """
 
     def __init__(self, max_depth: int) -> None:
         self.max_depth = max_depth
@@ -118,108 +176,95 @@ class SuffixHistory:
         return sum(len(v) for v in self.outputs.values())
 
 
+@dataclass
+class _Group:
+    """One prompt's strings that no longer change (prompt, history, finished outputs) and its rows in flight."""
+
+    strings: list[np.ndarray]
+    slots: set[int] = field(default_factory=set)
+    corpus: np.ndarray | None = None  # the strings joined by separators (None: rebuild)
+
+    def add(self, tokens: Sequence[int]) -> None:
+        self.strings.append(np.asarray(tokens, dtype=np.int64))
+        self.corpus = None
+
+    def settled(self) -> np.ndarray:
+        if self.corpus is None:
+            parts = [np.array([SEPARATOR], dtype=np.int64)]
+            for string in self.strings:
+                parts += [string, parts[0]]
+            self.corpus = np.concatenate(parts)
+        return self.corpus
+
+
 @register_drafter("suffix")
 class SuffixDrafter(Drafter):
-    """Drafts from the group's suffix tree (prompt, history, siblings in flight)."""
+    """Drafts by suffix matching over the group's strings (prompt, history, siblings in flight and finished)."""
 
-    PROMPT_STRING = -1
+    model_free = True
 
     def __init__(self, config: Any, context: DrafterContext | None = None) -> None:
         self.name = getattr(config, "name", None) or "suffix"
         self.max_depth = int(getattr(config, "max_depth", 24))
         self.min_match = int(getattr(config, "min_match", 2))
         self.history = SuffixHistory(int(getattr(config, "max_history", 16)))
-        self.trees: dict[str, SuffixTree] = {}
+        self.groups: dict[str, _Group] = {}
         self.slot_group: dict[int, tuple[str, tuple[int, ...]]] = {}
-        self.group_slots: dict[str, set[int]] = {}  # group -> its slots in flight
-        # group -> (string id, tokens) of finished rows not yet in the tree
-        self.pending: dict[str, list[tuple[int, list[int]]]] = {}
-        self.fed: dict[int, int] = {}  # slot -> output tokens already in its group's tree
-        self.next_string = 0
 
     def allocate(self, num_slots: int, max_len: int) -> None:
-        """A new generate call: trees are rebuilt from prompts and history as groups appear."""
-        self.trees.clear()
+        """A new generate call: groups are rebuilt from prompts and history as they appear."""
+        self.groups.clear()
         self.slot_group.clear()
-        self.group_slots.clear()
-        self.pending.clear()
-        self.fed.clear()
 
     def add_rows(self, state: SequenceState, slots: torch.Tensor) -> None:
         prompt_lengths = state.prompt_lengths[slots].tolist()
         for slot, prompt_length in zip(slots.tolist(), prompt_lengths):
             prompt = tuple(state.tokens[slot, :prompt_length].tolist())
             key = SuffixHistory.key(prompt)
-            if key not in self.trees:
-                tree = self.trees[key] = SuffixTree(self.max_depth)
-                tree.extend(self._string(), prompt)
+            if key not in self.groups:
+                self.groups[key] = _Group([np.asarray(prompt, dtype=np.int64)])
                 for past in self.history.get(prompt):
-                    tree.extend(self._string(), past)
+                    self.groups[key].add(past)
             self.slot_group[slot] = (key, prompt)
-            self.group_slots.setdefault(key, set()).add(slot)
-            self.fed[slot] = 0
-            self.trees[key].open[self._slot_string(slot)] = []
-
-    def _string(self) -> int:
-        self.next_string += 1
-        return -self.next_string  # history/prompt/finished strings: negative ids, never a slot's
-
-    def _slot_string(self, slot: int) -> int:
-        return slot
-
-    # Committed tokens join the tree lazily, when a row of their group asks for a draft: at large
-    # batches the engine rarely drafts (the verify length is 0), and indexing every token of every
-    # row each round cost more than the drafts were worth. The tree a draft sees is the same as if
-    # every token had been added at its commit (counts do not depend on the order of insertion).
-    def _catch_up(self, key: str, state: SequenceState) -> None:
-        """Add every committed token of the group's strings not yet in its tree."""
-        tree = self.trees[key]
-        for string_id, tokens in self.pending.pop(key, ()):
-            tree.extend(string_id, tokens)
-            tree.open.pop(string_id, None)  # a finished string grows no more
-        slots = sorted(self.group_slots.get(key, ()))
-        if not slots:
-            return
-        index = torch.tensor(slots)
-        starts = state.prompt_lengths[index].tolist()
-        ends = state.lengths[index].tolist()
-        tokens = state.tokens.numpy()
-        for slot, prompt_length, end in zip(slots, starts, ends):
-            start = prompt_length + self.fed[slot]
-            if end > start:
-                tree.extend(self._slot_string(slot), tokens[slot, start:end].tolist())
-                self.fed[slot] = end - prompt_length
+            self.groups[key].slots.add(slot)
 
     def finish_rows(self, state: SequenceState, slots: torch.Tensor) -> None:
-        """Finished rows: their outputs join the history, and (lazily) the tree for their siblings."""
+        """Finished rows: their outputs join the history, and the group's settled strings for their siblings."""
         for slot in slots.tolist():
             group = self.slot_group.pop(slot, None)
             if group is None:
                 continue
             key, prompt = group
-            start, end = len(prompt), int(state.lengths[slot])
-            output = state.tokens[slot, start:end].tolist()
+            output = state.tokens[slot, len(prompt) : int(state.lengths[slot])].tolist()
             self.history.add(prompt, output)
-            self.group_slots[key].discard(slot)
-            # the slot id may be reused by another row: its string continues under a fresh id
-            string_id, tree = self._string(), self.trees[key]
-            tree.open[string_id] = tree.open.pop(self._slot_string(slot), [])
-            self.pending.setdefault(key, []).append((string_id, output[self.fed.pop(slot, 0):]))
+            self.groups[key].slots.discard(slot)
+            self.groups[key].add(output)
+
+    def corpus(self, key: str, state: SequenceState) -> np.ndarray:
+        """The group's strings as one array [N]: the settled ones, then each row in flight's output so far."""
+        group = self.groups[key]
+        tokens = state.tokens.numpy()
+        parts = [group.settled()]
+        separator = parts[0][:1]
+        for slot in sorted(group.slots):
+            parts += [tokens[slot, int(state.prompt_lengths[slot]) : int(state.lengths[slot])], separator]
+        return np.concatenate(parts)
 
     def propose(self, state: SequenceState, request: DraftRequest) -> DraftProposal:
         k = int(request.max_draft_tokens.max()) if len(request.slots) else 0
         token_ids = torch.zeros(len(request.slots), k, dtype=torch.long)
         num_tokens = torch.zeros(len(request.slots), dtype=torch.long)
-        rows = [(row, slot, cap) for row, (slot, cap) in
-                enumerate(zip(request.slots.tolist(), request.max_draft_tokens.tolist()))
-                if cap > 0 and slot in self.slot_group]
-        for key in {self.slot_group[slot][0] for _, slot, _ in rows}:
-            self._catch_up(key, state)
-        for row, slot, cap in rows:
-            start = int(state.prompt_lengths[slot])
-            end = int(state.lengths[slot])
-            context = state.tokens[slot, max(start, end - self.max_depth) : end].tolist()
-            found = self.trees[self.slot_group[slot][0]].continuation(context, cap, self.min_match)
+        corpora: dict[str, np.ndarray] = {}  # one per group per call
+        tokens = state.tokens.numpy()
+        for row, (slot, cap) in enumerate(zip(request.slots.tolist(), request.max_draft_tokens.tolist())):
+            if cap <= 0 or slot not in self.slot_group:
+                continue
+            key = self.slot_group[slot][0]
+            if key not in corpora:
+                corpora[key] = self.corpus(key, state)
+            start, end = int(state.prompt_lengths[slot]), int(state.lengths[slot])
+            context = tokens[slot, max(start, end - self.max_depth) : end]
+            found = suffix_continuation(corpora[key], context, cap, self.min_match, self.max_depth)
             token_ids[row, : len(found)] = torch.tensor(found, dtype=torch.long)
             num_tokens[row] = len(found)
         return DraftProposal(token_ids=token_ids, num_tokens=num_tokens)

@@ -25,10 +25,10 @@ def table(fixed: float, per_token: float, batches=(1, 4, 16)) -> CostTable:
     return CostTable(batches, widths, tuple(tuple(fixed + per_token * b * w for w in widths) for b in batches))
 
 
-def dynamic_engine(target, drafters, cost_table=None) -> Engine:
+def dynamic_engine(target, drafters, cost_table=None, shadow_rows=4) -> Engine:
     return Engine(target, make_tokenizer(), mode="coupled", num_draft_tokens=K, max_batch_size=16,
                   max_model_len=MAX_LEN, drafters=drafters, check_invariants=True, verify_length="dynamic",
-                  cost_table=cost_table)
+                  cost_table=cost_table, shadow_rows=shadow_rows)
 
 
 @pytest.mark.parametrize("kind", ["ngram", "model", "self"])
@@ -44,16 +44,26 @@ def test_dynamic_length_is_exact(fp64_target, kind, temperature):
     assert result.stats.timeline and len(engine.length_policy.history) == result.stats.verify_rounds
 
 
-def test_useless_drafts_under_a_compute_bound_cost_fall_back_to_plain_decoding(fp64_target):
+@pytest.mark.parametrize("shadow_rows", [0, 4])
+def test_useless_drafts_under_a_compute_bound_cost_fall_back_to_plain_decoding(fp64_target, shadow_rows):
     """An n-gram drafter on random tiny-model text accepts ~nothing: with verify cost proportional
-    to tokens, the policy settles on k=0 except for its periodic probes."""
-    engine = dynamic_engine(fp64_target, [make_drafter("ngram", fp64_target, torch.float64)], table(0.0, 0.01))
-    engine.generate(ragged_requests(8), sampling(1.0, n=2, max_new_tokens=40))
+    to tokens, the policy settles on k=0. Without shadow drafts it probes the deepest length now and
+    then; with them the statistics come from drafts scored against the committed tokens and no round
+    verifies at the deepest length."""
+    engine = dynamic_engine(fp64_target, [make_drafter("ngram", fp64_target, torch.float64)], table(0.0, 0.01),
+                            shadow_rows=shadow_rows)
+    result = engine.generate(ragged_requests(8), sampling(1.0, n=2, max_new_tokens=40))
     history = engine.length_policy.history
     probe = engine.length_policy.probe_every
     settled = history[probe:]
     assert settled.count(0) >= 0.8 * len(settled)
-    assert max(history) == K  # probes still check the deepest length
+    if shadow_rows:
+        assert K not in history[probe:]  # no deep probes
+        assert result.stats.shadow_drafts > len(history) // 2  # ... the shadows were scored instead
+        assert engine.length_policy.stats.accept_through[0] < 0.5  # and taught the policy the drafts are poor
+    else:
+        assert max(history) == K  # probes still check the deepest length
+        assert result.stats.shadow_drafts == 0
 
 
 def test_perfect_drafts_under_a_memory_bound_cost_go_deep(fp64_target):
@@ -72,6 +82,30 @@ def test_perfect_drafts_under_a_memory_bound_cost_go_deep(fp64_target):
     result = engine.generate(ragged_requests(4), params)
     assert engine.length_policy.history[-5:] == [K] * 5
     assert result.stats.acceptance_rate == 1.0
+
+
+@pytest.mark.parametrize("shadow_rows", [0, 2])
+def test_shadow_drafts_find_good_drafts_while_decoding_plainly(fp64_target, shadow_rows):
+    """Statistics that say drafts are worthless and no probes: plain decoding never learns otherwise.
+    Shadow drafts (perfect ones here) are scored while k = 0 and lead the policy to the longest length."""
+    from benchmark.systems import OracleDrafter
+    from specactor_engine.sampling import sequence_key
+    from specactor_engine.verify_length import AcceptanceStats, VerifyLengthPolicy
+
+    params = sampling(1.0, max_new_tokens=30, ignore_eos=True)
+    plain = run(fp64_target, ragged_requests(4), params)
+    oracle = OracleDrafter({sequence_key(0, o.request_id, o.sample_index): o.token_ids for o in plain.outputs})
+    flat = table(0.05, 0.0)
+    engine = dynamic_engine(fp64_target, [oracle], flat, shadow_rows=shadow_rows)
+    engine.length_policy = VerifyLengthPolicy(flat, AcceptanceStats(max_k=K, accept_through=[0.0] * K), probe_every=0)
+    result = engine.generate(ragged_requests(4), params)
+    assert token_ids(result) == token_ids(plain)
+    history = engine.length_policy.history
+    if shadow_rows:
+        assert history[0] == 0 and history[-5:] == [K] * 5
+        assert result.stats.shadow_accepted == K * result.stats.shadow_drafts  # every shadow draft was right
+    else:
+        assert set(history) == {0}
 
 
 def test_cost_profile_is_measured_once_and_cached(tmp_path):

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import numpy as np
+import pytest
 import torch
 
-from specactor_engine.drafters.suffix import SuffixDrafter, SuffixHistory, SuffixTree
+from specactor_engine.drafters.suffix import SEPARATOR, SuffixDrafter, SuffixHistory, SuffixTree, suffix_continuation
 from specactor_engine.engine import Engine
 from specactor_engine.state import SequenceState
 from specactor_engine.types import Request
@@ -80,19 +82,36 @@ def test_history_survives_save_and_load_state(tmp_path):
     SuffixDrafter(SimpleNamespace(name="other")).load_state(tmp_path / "drafters")  # nothing saved: no error
 
 
-def _paths(node, prefix=()):
-    """Every path of a tree with its count: {tokens: count}."""
-    found = {}
-    for token, child in node.children.items():
-        found[prefix + (token,)] = child.count
-        found.update(_paths(child, prefix + (token,)))
-    return found
+def _corpus(strings):
+    parts = [[SEPARATOR]]
+    for string in strings:
+        parts += [list(string), [SEPARATOR]]
+    return np.array([t for part in parts for t in part], dtype=np.int64)
 
 
-def test_lazily_indexed_tree_matches_one_built_from_every_string():
-    """Committed tokens join the tree only when the group drafts; what a draft sees must equal a tree
-    holding the prompt and every sibling's committed output, in flight or finished, even when a
-    finished row's slot is reused by a later row of the group."""
+@pytest.mark.parametrize("max_depth,min_match", [(2, 1), (3, 2), (5, 1), (8, 3)])
+def test_the_scan_drafts_exactly_what_the_reference_tree_drafts(max_depth, min_match):
+    """`suffix_continuation` (what the drafter runs) against the depth-bounded suffix tree, on random
+    strings over a small vocabulary (many repeats, ties and partial matches)."""
+    rng = np.random.default_rng(max_depth * 10 + min_match)
+    for trial in range(40):
+        strings = [rng.integers(0, 4, size=rng.integers(0, 30)).tolist() for _ in range(rng.integers(1, 5))]
+        tree = SuffixTree(max_depth)
+        for string_id, string in enumerate(strings):
+            tree.extend(string_id, string)
+        corpus = _corpus(strings)
+        for _ in range(10):
+            context = rng.integers(0, 4, size=rng.integers(0, 12)).tolist()
+            if strings[0] and rng.random() < 0.5:  # a context that is a string's own end, as for a row
+                context = strings[0][-rng.integers(1, len(strings[0]) + 1):]
+            k = int(rng.integers(1, 6))
+            assert suffix_continuation(corpus, context, k, min_match, max_depth) == \
+                tree.continuation(context, k, min_match), (trial, strings, context, k)
+
+
+def test_drafts_see_every_sibling_string_in_flight_or_finished():
+    """What a draft sees must equal a tree holding the prompt and every sibling's committed output,
+    in flight or finished, even when a finished row's slot is reused by a later row of the group."""
     drafter = SuffixDrafter(SimpleNamespace(name="suffix", max_depth=5, min_match=1, max_history=0))
     state = SequenceState.allocate(num_slots=3, max_len=64)
     prompt = [1, 2, 3]
@@ -114,6 +133,7 @@ def test_lazily_indexed_tree_matches_one_built_from_every_string():
     outputs = {0: [], 1: [], 2: []}
     admit([0, 1, 2])
     finished = []
+    checked = 0
     for step in range(12):
         live = [s for s in (0, 1, 2) if s in drafter.slot_group]
         rows = [torch.randint(1, 6, (3,), generator=generator).tolist() for _ in live]
@@ -125,11 +145,14 @@ def test_lazily_indexed_tree_matches_one_built_from_every_string():
             finished.append(outputs[1])
             outputs[1] = []
             admit([1])
-        if step in (2, 5, 11):  # a draft request: the tree catches up first (step 2: slot 1 half fed)
-            request = SimpleNamespace(slots=torch.tensor([0]), max_draft_tokens=torch.tensor([2]))
-            drafter.propose(state, request)
-            eager = SuffixTree(max_depth=5)
-            for string_id, tokens in enumerate([prompt, *finished, outputs[0], outputs[1], outputs[2]]):
-                eager.extend(string_id, tokens)
-            key = drafter.slot_group[0][0]
-            assert _paths(drafter.trees[key].root) == _paths(eager.root)
+        eager = SuffixTree(max_depth=5)
+        for string_id, tokens in enumerate([prompt, *finished, outputs[0], outputs[1], outputs[2]]):
+            eager.extend(string_id, tokens)
+        for slot in (0, 1, 2):
+            request = SimpleNamespace(slots=torch.tensor([slot]), max_draft_tokens=torch.tensor([3]))
+            proposal = drafter.propose(state, request)
+            drafted = proposal.token_ids[0, : int(proposal.num_tokens[0])].tolist()
+            expected = eager.continuation(outputs[slot][-4:], 3, 1)
+            assert drafted == expected, (step, slot)
+            checked += bool(expected)
+    assert checked > 10  # the comparison saw real drafts, not only empty ones

@@ -1,0 +1,78 @@
+"""Shadow drafts: scored against the committed tokens exactly as a position-keyed verify would accept them."""
+
+from __future__ import annotations
+
+import torch
+
+from specactor_engine.drafters import Drafter
+from specactor_engine.shadow import ShadowBook, ShadowDraft, matched_prefix
+from specactor_engine.types import DraftProposal
+from tests.engine.test_exactness import ragged_requests, run, sampling, token_ids
+from tests.fixtures.tiny_models import make_tiny_model, make_tokenizer
+
+
+def test_matched_prefix_stops_at_the_first_difference():
+    assert matched_prefix([5, 6, 7], [5, 6, 7, 8]) == 3
+    assert matched_prefix([5, 6, 7], [5, 9, 7]) == 1  # a later match after a miss does not count
+    assert matched_prefix([5, 6], []) == 0
+    assert matched_prefix([], [1, 2]) == 0
+
+
+def test_a_shadow_resolves_once_the_row_has_committed_past_it_or_finished():
+    book = ShadowBook()
+    book.add(3, ShadowDraft(start=2, tokens=(10, 11, 12), cap=4, method="ngram", request=7))
+    book.add(3, ShadowDraft(start=2, tokens=(99,), cap=4, method="suffix", request=7))  # one per row: kept first
+    assert book.resolve(3, [1, 2, 10, 11], finished=False) is None  # the third drafted position is not committed
+    draft, accepted = book.resolve(3, [1, 2, 10, 11, 13], finished=False)
+    assert (draft.method, accepted) == ("ngram", 2) and 3 not in book
+    book.add(4, ShadowDraft(start=1, tokens=(5, 6, 7), cap=3, method="ngram", request=8))
+    assert book.resolve(4, [0, 5, 6], finished=True)[1] == 2  # finished early: scored on what there is
+    book.add(5, ShadowDraft(start=0, tokens=(), cap=4, method="suffix", request=9))
+    assert book.resolve(5, [], finished=False)[1] == 0  # nothing drafted: nothing accepted, at once
+    assert book.resolve(6, [1], finished=False) is None
+
+
+class _PartlyRight(Drafter):
+    """Drafts the plain run's own next tokens with one wrong token at a position that varies with the
+    row and step (sometimes past the draft), and records every draft: (sequence key, start, tokens)."""
+
+    name, model_free = "partly-right", True
+
+    def __init__(self, outputs: dict[int, list[int]], vocab_size: int) -> None:
+        self.outputs, self.vocab_size = outputs, vocab_size
+        self.drafts: list[tuple[int, int, list[int]]] = []
+
+    def propose(self, state, request):
+        k = int(request.max_draft_tokens.max())
+        token_ids = torch.zeros(len(request.slots), k, dtype=torch.long)
+        num_tokens = request.max_draft_tokens.clone()
+        for i, slot in enumerate(request.slots.tolist()):
+            key, start = int(state.seq_keys[slot]), int(state.lengths[slot] - state.prompt_lengths[slot])
+            cap = int(request.max_draft_tokens[i])
+            tokens = (self.outputs[key][start : start + cap] + [0] * cap)[:cap]
+            wrong = (start * 7 + key) % (cap + 2)
+            if wrong < cap:
+                tokens[wrong] = (tokens[wrong] + 1) % self.vocab_size
+            token_ids[i, :cap] = torch.tensor(tokens)
+            self.drafts.append((key, start, tokens))
+        return DraftProposal(token_ids=token_ids, num_tokens=num_tokens)
+
+
+def test_shadow_scores_equal_what_verifying_the_same_drafts_accepts():
+    """With every draft verified (fixed k, no shadows) the engine's accepted count equals the drafts'
+    common prefix with the plain run's outputs at their positions: the rule shadow drafts are scored by."""
+    from specactor_engine.engine import Engine
+    from specactor_engine.sampling import sequence_key
+
+    target = make_tiny_model("qwen2", seed=5, dtype=torch.float64)
+    params = sampling(1.0, n=2, max_new_tokens=30, ignore_eos=True)
+    plain = run(target, ragged_requests(4), params)
+    outputs = {sequence_key(0, o.request_id, o.sample_index): o.token_ids for o in plain.outputs}
+    drafter = _PartlyRight(outputs, target.config.vocab_size)
+    engine = Engine(target, make_tokenizer(), mode="coupled", num_draft_tokens=4, drafters=[drafter],
+                    verify_length="fixed")
+    result = engine.generate(ragged_requests(4), params)
+    assert token_ids(result) == token_ids(plain)
+    scored = [matched_prefix(tokens, outputs[key][start:]) for key, start, tokens in drafter.drafts]
+    assert result.stats.accepted_tokens == sum(scored)
+    assert len(set(scored)) >= 4  # rounds that accepted none, some and all of their drafts
