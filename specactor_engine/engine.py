@@ -641,6 +641,7 @@ class _Run:
             started = time.perf_counter()
             proposal = drafter.propose(self.state, DraftRequest(slots[index], full[index], self.params))
             spent = time.perf_counter() - started
+            self.round_draft_s[drafter.name] = self.round_draft_s.get(drafter.name, 0.0) + spent
             self.stats.draft_s_per_drafter[drafter.name] = self.stats.draft_s_per_drafter.get(drafter.name, 0.0) + spent
             if self.selector is not None:
                 self.selector.observe_cost(drafter.name, spent, len(mine))
@@ -668,8 +669,12 @@ class _Run:
             methods.append(draft.method)
         if not caps:
             return
-        self.stats.shadow_drafts += len(caps)
-        self.stats.shadow_accepted += sum(accepted)
+        stats = self.stats
+        stats.shadow_drafts += len(caps)
+        stats.shadow_accepted += sum(accepted)
+        for method, got in zip(methods, accepted):
+            stats.shadow_drafts_per_drafter[method] = stats.shadow_drafts_per_drafter.get(method, 0) + 1
+            stats.shadow_accepted_per_drafter[method] = stats.shadow_accepted_per_drafter.get(method, 0) + got
         if self.engine.length_policy is not None:
             self.engine.length_policy.stats.observe(caps, accepted)
         if self.selector is not None:

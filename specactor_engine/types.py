@@ -121,6 +121,8 @@ class EngineStats:
     candidate_wins: int = 0  # ... and how many of them were accepted further than the row's own
     shadow_drafts: int = 0  # drafts scored against the committed tokens instead of verified (shadow.py)
     shadow_accepted: int = 0  # ... and the tokens of them a verify would have accepted
+    shadow_drafts_per_drafter: dict[str, int] = field(default_factory=dict)  # ... by method
+    shadow_accepted_per_drafter: dict[str, int] = field(default_factory=dict)
 
     @property
     def mean_acceptance_length(self) -> float:

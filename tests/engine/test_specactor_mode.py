@@ -52,6 +52,25 @@ def test_in_process_drafters_only_is_exact_and_uses_several(target, temperature)
     assert sum(timed.values()) <= result.stats.draft_s + 1e-6
 
 
+def test_while_decoding_plainly_shadow_drafts_try_every_model_free_method(target):  # noqa: F811
+    """Verify cost proportional to tokens: the verify length stays at 0, so nothing is verified, yet the
+    selector still tries every model-free method per request (on shadow drafts) and outputs stay exact."""
+    from tests.engine.test_dynamic_verify_length import table
+
+    params = sampling(1.0, n=2, max_new_tokens=30)
+    reference = token_ids(run(target, ragged_requests(4), params))
+    drafters = [make_drafter(kind, target, torch.float64) for kind in ("suffix", "ngram")]
+    engine = specactor_engine(target, drafters, cost_table=table(0.0, 0.01), verify_length="dynamic")
+    from specactor_engine.verify_length import AcceptanceStats, VerifyLengthPolicy
+
+    engine.length_policy = VerifyLengthPolicy(table(0.0, 0.01), AcceptanceStats(max_k=K, prior=0.05), probe_every=0)
+    result = engine.generate(ragged_requests(4), params)
+    assert token_ids(result) == reference
+    assert set(engine.length_policy.history) == {0} and result.stats.drafted_tokens == 0
+    assert set(result.stats.shadow_drafts_per_drafter) == {"suffix", "ngram"}
+    assert sum(result.stats.shadow_drafts_per_drafter.values()) == result.stats.shadow_drafts >= 8
+
+
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_workers_and_in_process_drafters_are_exact(target, noisy_workers, temperature):  # noqa: F811
     params = sampling(temperature, n=2, max_new_tokens=30, ignore_eos=True)
