@@ -74,11 +74,23 @@ def bench(
     slow_repeats: Annotated[int, typer.Option("--slow-repeats", min=1, help="Runs of each slow system.")] = 1,
     oracle_passes: Annotated[int, typer.Option(
         "--oracle-passes", min=1, help="Oracle runs; all but the last are untimed and refresh its drafts.")] = 2,
+    report_only: Annotated[bool, typer.Option(
+        "--report-only", help="Run nothing: rebuild results.json, results.md and the plots of --out from its runs/ "
+        "(after a change to the report).")] = False,
 ) -> None:
     """Run systems side by side on one trace (BENCHMARK.md) and write the results."""
-    from benchmark.run import BenchPlan, run_bench
+    from benchmark.run import BenchPlan, rerender, run_bench
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    if report_only:
+        if not (out / "results.json").exists():
+            _fail(f"--report-only: {out / 'results.json'} does not exist (run the benchmark into --out first)")
+        try:
+            rerender(out)
+        except FileNotFoundError as exc:
+            _fail(str(exc))
+        typer.echo((out / "results.md").read_text(encoding="utf-8"))
+        return
     try:
         trace = get_trace(trace_name)
     except ValueError as exc:

@@ -96,7 +96,8 @@ def _by_progress(timeline: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
 
 def _speculative(runs: dict[str, dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     return {name: run["engine_stats"]["timeline"] for name, run in runs.items()
-            if (run.get("engine_stats") or {}).get("timeline") and run["engine_stats"].get("drafted_tokens")}
+            if (run.get("engine_stats") or {}).get("timeline")
+            and (run["engine_stats"].get("drafted_tokens") or run["engine_stats"].get("shadow_drafts"))}
 
 
 def plot_acceptance(results: dict[str, Any], runs: dict[str, dict[str, Any]], path: Path) -> None:
@@ -119,8 +120,8 @@ def plot_acceptance(results: dict[str, Any], runs: dict[str, dict[str, Any]], pa
 
 def plot_drafter_mix(results: dict[str, Any], runs: dict[str, dict[str, Any]], path: Path) -> None:
     """Per speculative system: each method's share of verified rows (top), its accepted tokens per
-    row it drafted for (middle) and its drafting cost per row it drafted for (bottom; in-process
-    drafters only), over rollout progress."""
+    row it drafted for (middle; dashed: per shadow draft, scored against the commits) and its drafting
+    cost per draft, verified or shadow (bottom; in-process drafters only), over rollout progress."""
     speculative = _speculative(runs)
     columns = max(len(speculative), 1)
     fig, axes = plt.subplots(3, columns, figsize=(5.5 * columns, 10.0), squeeze=False, sharex=True)
@@ -144,14 +145,24 @@ def plot_drafter_mix(results: dict[str, Any], runs: dict[str, dict[str, Any]], p
             drafted = [sum(e["by_drafter"].get(drafter, 0) for e in g) for g in groups]
             accepted = [sum(e.get("accepted_by_drafter", {}).get(drafter, 0) for e in g) for g in groups]
             accept_ax.plot(xs, [a / d if d else None for a, d in zip(accepted, drafted)], marker=".", label=drafter)
+        for drafter in sorted({d for e in timeline for d in e.get("shadow_by_drafter", {})}):
+            scored = [[e.get("shadow_by_drafter", {}).get(drafter, [0, 0]) for e in g] for g in groups]
+            drafts = [sum(s[0] for s in group) for group in scored]
+            accepted = [sum(s[1] for s in group) for group in scored]
+            accept_ax.plot(xs, [a / d if d else None for a, d in zip(accepted, drafts)], marker=".", linestyle="--",
+                           label=f"{drafter} (shadow)")
+        # cost per draft, verified or shadow (a shadow is counted when scored, a few rounds after it was drafted)
+        for drafter in sorted({d for e in timeline for d in e.get("draft_s_by_drafter", {})}):
             spent = [sum(e.get("draft_s_by_drafter", {}).get(drafter, 0.0) for e in g) for g in groups]
+            drafts = [sum(e["by_drafter"].get(drafter, 0) + e.get("shadow_by_drafter", {}).get(drafter, [0])[0]
+                          for e in g) for g in groups]
             if any(spent):
-                cost_ax.plot(xs, [1e3 * s / d if d else None for s, d in zip(spent, drafted)], marker=".",
+                cost_ax.plot(xs, [1e3 * s / d if d else None for s, d in zip(spent, drafts)], marker=".",
                              label=drafter)
-        accept_ax.set_ylabel("accepted tokens per drafted row")
+        accept_ax.set_ylabel("accepted tokens per draft")
         accept_ax.legend(fontsize=8)
         cost_ax.set_xlabel("rollout progress (share of output tokens)")
-        cost_ax.set_ylabel("drafting ms per drafted row")
+        cost_ax.set_ylabel("drafting ms per draft")
         if cost_ax.lines:
             cost_ax.legend(fontsize=8)
     if not speculative:

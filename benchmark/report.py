@@ -68,6 +68,7 @@ def render_markdown(results: dict[str, Any]) -> str:
     ]
     lines += ["| " + " | ".join(system_row(name, entry, reference)) + " |" for name, entry in systems.items()]
     lines += _time_split(results)
+    lines += _drafter_use(results)
     lines += _notes(systems, greedy=trace["temperature"] == 0)
     lines += [f"- `{name}` not run: {why}" for name, why in (results.get("skipped") or {}).items()]
     return "\n".join(lines) + "\n"
@@ -94,6 +95,28 @@ def _time_split(results: dict[str, Any]) -> list[str]:
             "time (decoupled, concurrent with the verifier: the verifier never waits for it).", "",
             "| system | engine s | prefill | drafting | verify forward | host | rounds | mean k | worker busy |",
             "|---|---|---|---|---|---|---|---|---|", *rows]
+
+
+def _drafter_use(results: dict[str, Any]) -> list[str]:
+    """Each draft method's part (first repeat): verified drafts, shadow drafts and drafting time."""
+    rows = []
+    for name, entry in results["systems"].items():
+        use = (entry.get("drafter_use") or [None])[0]
+        for method, figures in sorted((use or {}).items()):
+            verified, shadows = figures["verified_tokens"], figures["shadow_drafts"]
+            accepted = f"{figures['accepted_tokens']:.0f} ({figures['accepted_tokens'] / verified:.2f})" if verified \
+                else "-"
+            scored = f"{figures['shadow_accepted'] / shadows:.2f}" if shadows else "-"
+            rows.append(f"| `{name}` | {method} | {verified:.0f} | {accepted} | {shadows:.0f} | {scored} | "
+                        f"{figures['draft_s']:.2f} |")
+    if not rows:
+        return []
+    return ["", "Drafter use (first repeat): tokens each method drafted that a verify round checked, and those "
+            "accepted (rate); shadow drafts (drafted for rows that verified fewer, scored against what the rows "
+            "committed: specactor_engine/shadow.py) and their mean accepted tokens per draft; in-process drafting "
+            "seconds (shadows included).", "",
+            "| system | method | verified tokens | accepted (rate) | shadow drafts | accepted per shadow | drafting s |",
+            "|---|---|---|---|---|---|---|", *rows]
 
 
 def _notes(systems: dict[str, Any], greedy: bool) -> list[str]:

@@ -183,6 +183,7 @@ def aggregate(runs: dict[str, list[dict[str, Any]]], errors: dict[str, str]) -> 
             entry[figure] = [r[figure] for r in results]
         entry["identical_to_ar"], entry["mismatches"] = _identity(results, reference)
         entry["time_split"] = [time_split(r.get("engine_stats")) for r in results]
+        entry["drafter_use"] = [drafter_use(r.get("engine_stats")) for r in results]
         entry["finish_reasons"] = _finish_reasons(results[0]) if results else {}
         if results and (results[0].get("engine_stats") or {}).get("vllm_version"):
             entry["vllm_version"] = results[0]["engine_stats"]["vllm_version"]
@@ -206,6 +207,40 @@ def time_split(stats: dict[str, Any] | None) -> dict[str, float] | None:
     split["worker_busy_s"] = decoupled.get("worker_busy_s")
     split["arm_rounds"] = stats.get("arm_rounds") or {}
     return split
+
+
+def drafter_use(stats: dict[str, Any] | None) -> dict[str, dict[str, float]] | None:
+    """Per draft method of an engine run: tokens it drafted that were verified and how many were accepted,
+    shadow drafts scored against the commits (shadow.py) and their accepted tokens, in-process drafting s."""
+    if not stats or "timeline" not in stats:
+        return None
+    fields = {"verified_tokens": "drafted_per_drafter", "accepted_tokens": "accepted_per_drafter",
+              "shadow_drafts": "shadow_drafts_per_drafter", "shadow_accepted": "shadow_accepted_per_drafter",
+              "draft_s": "draft_s_per_drafter"}
+    use: dict[str, dict[str, float]] = {}
+    for figure, key in fields.items():
+        for method, value in (stats.get(key) or {}).items():
+            use.setdefault(method, dict.fromkeys(fields, 0))[figure] = value
+    return use
+
+
+def rerender(out: Path) -> dict[str, Any]:
+    """Rebuild results.json, results.md and the plots of `out` from its runs/ (after a report change;
+    no system is run). Systems keep their recorded errors; the machine and command stay as recorded."""
+    results = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for system, entry in results["systems"].items():
+        found = [out / "runs" / f"{system}-{i}.json" for i in range(entry["repeats"])]
+        missing = [str(path) for path in found if not path.exists()]
+        if missing:
+            raise FileNotFoundError(f"{out}: runs of {system!r} are missing: {', '.join(missing)}")
+        runs[system] = [json.loads(path.read_text(encoding="utf-8")) for path in found]
+    errors = {system: entry["error"] for system, entry in results["systems"].items() if entry.get("error")}
+    results["systems"] = aggregate(runs, errors)
+    _write_json(out / "results.json", results)
+    (out / "results.md").write_text(render_markdown(results), encoding="utf-8")
+    write_plots(out, results)
+    return results
 
 
 def _identity(results: list[dict[str, Any]], reference: dict[str, Any] | None) -> tuple[list[float], list[Any]]:

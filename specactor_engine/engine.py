@@ -344,6 +344,7 @@ class _Run:
         self.selector = FastestOfNSelector(names) if engine.selection == "fastest_of_n" and len(names) > 1 else None
         self.chosen: list[str] | None = None
         self.round_draft_s: dict[str, float] = {}  # this round's drafting seconds per in-process drafter
+        self.round_shadows: dict[str, list[int]] = {}  # shadow drafts scored this round: method -> [drafts, accepted]
         self.fallback: torch.Tensor | None = None  # [R] rows drafted by the workers after their method gave none
         self.runner = engine.runner
         self.stats = stats
@@ -436,6 +437,7 @@ class _Run:
     def _round(self) -> None:
         round_started = time.perf_counter()
         self.round_draft_s = {}
+        self.round_shadows = {}
         self.deferred = None
         slots = torch.tensor(sorted(self.slot_seq))
         caps = self._draft_caps(slots)
@@ -675,6 +677,8 @@ class _Run:
         for method, got in zip(methods, accepted):
             stats.shadow_drafts_per_drafter[method] = stats.shadow_drafts_per_drafter.get(method, 0) + 1
             stats.shadow_accepted_per_drafter[method] = stats.shadow_accepted_per_drafter.get(method, 0) + got
+            scored = self.round_shadows.setdefault(method, [0, 0])
+            scored[0], scored[1] = scored[0] + 1, scored[1] + got
         if self.engine.length_policy is not None:
             self.engine.length_policy.stats.observe(caps, accepted)
         if self.selector is not None:
@@ -937,6 +941,7 @@ class _Run:
             "emitted": int(counts.sum()), "drafted": int(num_drafts.sum()), "accepted": int(num_accepted.sum()),
             "by_drafter": by_drafter, "accepted_by_drafter": accepted_by,
             "draft_s_by_drafter": {name: round(spent, 6) for name, spent in self.round_draft_s.items()},
+            "shadow_by_drafter": dict(self.round_shadows),
             **({"arm": self.arm} if self.phase is not None else {}),
         })
 

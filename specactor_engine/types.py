@@ -112,7 +112,8 @@ class EngineStats:
     # One entry per verify round, for plots over rollout progress: seconds since `generate`
     # began, rows verified, draft width k (drafts verified by the longest row), the verify length
     # chosen (cap), tokens emitted, tokens drafted and accepted, the rows each drafter
-    # supplied ({name: rows}), and each in-process drafter's drafting seconds ({name: s}).
+    # supplied ({name: rows}), each in-process drafter's drafting seconds ({name: s}), and the shadow
+    # drafts scored in the round ({name: [drafts, accepted tokens]}).
     timeline: list[dict[str, Any]] = field(default_factory=list)
     decoupled: dict[str, float] = field(default_factory=dict)  # decoupled mode: worker figures
     arm_rounds: dict[str, int] = field(default_factory=dict)  # dynamic decoupling: rounds per arm

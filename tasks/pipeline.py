@@ -149,16 +149,27 @@ def run_rollout(run_root: str, step: int) -> dict[str, Any]:
         "rollout/mean_acceptance_length": stats.mean_acceptance_length,
         "rollout/acceptance_rate": stats.acceptance_rate, "policy_version": host.engine.policy_version,
     }
+    return metrics | drafter_metrics(stats, drafter_versions) | speculation_metrics(stats)
+
+
+def drafter_metrics(stats: Any, drafter_versions: dict[str, int]) -> dict[str, float]:
+    """Per draft method: share, acceptance and cost of its verified drafts, its shadow drafts (scored
+    against the commits, shadow.py) and its weights' version."""
+    metrics: dict[str, float] = {}
     for name, drafted in stats.drafted_per_drafter.items():
         metrics[f"drafter/{name}/acceptance_rate"] = stats.accepted_per_drafter.get(name, 0) / max(drafted, 1)
         metrics[f"drafter/{name}/share"] = drafted / max(stats.drafted_tokens, 1)
         metrics[f"drafter/{name}/drafted"] = drafted
-        if name in stats.draft_s_per_drafter:  # in-process drafters (workers draft off the critical path)
+        if name in stats.draft_s_per_drafter:  # in-process drafters (workers draft off the critical path); the
+            # seconds include the method's shadow drafts
             metrics[f"drafter/{name}/draft_seconds"] = stats.draft_s_per_drafter[name]
             metrics[f"drafter/{name}/ms_per_drafted_token"] = 1e3 * stats.draft_s_per_drafter[name] / max(drafted, 1)
+    for name, shadows in stats.shadow_drafts_per_drafter.items():  # drafts scored against the commits (shadow.py)
+        metrics[f"drafter/{name}/shadow_drafts"] = shadows
+        metrics[f"drafter/{name}/shadow_accepted_per_draft"] = stats.shadow_accepted_per_drafter.get(name, 0) / shadows
     for name, version in drafter_versions.items():
         metrics[f"drafter/{name}/version"] = version
-    return metrics | speculation_metrics(stats)
+    return metrics
 
 
 def speculation_metrics(stats: Any) -> dict[str, float]:

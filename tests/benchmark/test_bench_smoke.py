@@ -56,9 +56,32 @@ def test_results_have_every_figure(bench_results):
         assert 0 < entry["output_tokens"][0] <= NUM_SEQUENCES * 6
         assert 0.0 <= entry["tail_share"][0] <= 1.0
     table, _, split = (out / "results.md").read_text().partition("Where the time went")
+    split, _, use = split.partition("Drafter use")
     assert table.count("| `") == 7
     assert split.count("| `") == 6  # the engine systems: ar, coupled, oracle, decoupled, specactor, coupled-suffix
+    # drafter use: one row per (system, method) that drafted, e.g. coupled's draft model, specactor's methods
+    assert "| `coupled` |" in use and "| `specactor` | suffix |" in use and "| `ar` |" not in use
     assert (out / "trace.json").is_file()
+
+
+def test_report_only_rebuilds_the_results_from_the_runs(bench_results, tmp_path):
+    import shutil
+
+    out, results = bench_results
+    copy = tmp_path / "out"
+    shutil.copytree(out, copy)
+    (copy / "results.md").unlink()
+    (copy / "makespan.png").unlink()
+    rebuilt = CliRunner().invoke(app, ["--report-only", "--out", str(copy)])
+    assert rebuilt.exit_code == 0, rebuilt.output
+    assert (copy / "results.md").read_text() == (out / "results.md").read_text()
+    assert (copy / "makespan.png").is_file()
+    assert json.loads((copy / "results.json").read_text())["systems"] == results["systems"]
+    (copy / "runs" / "ar-0.json").unlink()
+    missing = CliRunner().invoke(app, ["--report-only", "--out", str(copy)])
+    assert missing.exit_code == 2 and "ar-0.json" in missing.output
+    nothing = CliRunner().invoke(app, ["--report-only", "--out", str(tmp_path / "none")])
+    assert nothing.exit_code == 2 and "results.json" in nothing.output
 
 
 def test_absent_vllm_is_reported_and_the_rest_runs(bench_results):
