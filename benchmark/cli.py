@@ -50,7 +50,8 @@ def bench(
     out: Annotated[Path, typer.Option("--out", help="Output directory (results.json, results.md, runs/).")],
     trace_name: Annotated[str, typer.Option("--trace", help=f"One of {', '.join(TRACES)}.")] = "quick",
     systems: Annotated[str, typer.Option(
-        "--systems", help="Comma-separated systems.")] = "hf,ar,coupled,specactor,oracle",
+        "--systems", help="Comma-separated systems; NAME@K runs one at draft length K instead of --num-draft-tokens "
+        "(e.g. coupled@1,coupled@2,coupled for the best fixed k).")] = "hf,ar,coupled,specactor,oracle",
     repeats: Annotated[int, typer.Option("--repeats", min=1, help="Runs per system, interleaved.")] = 1,
     model: Annotated[str | None, typer.Option("--model", help="qwen-pair | smollm2 | TARGET[:DRAFTER].")] = None,
     dtype: Annotated[str | None, typer.Option("--dtype", help="Override the trace's dtype.")] = None,

@@ -39,6 +39,17 @@ PER_RUN_FIGURES = ("makespan_s", "tokens_per_s", "output_tokens", "tail_s", "tai
 MAX_LISTED_MISMATCHES = 50
 
 
+def parse_system(name: str) -> tuple[str, int | None]:
+    """`coupled@2` -> ("coupled", 2): a system at another draft length than the plan's (the best fixed k
+    of a baseline is found by running it at several); a plain name -> (name, None)."""
+    base, at, k = name.partition("@")
+    if not at:
+        return name, None
+    if not k.isdigit() or not 1 <= int(k) <= 16:
+        raise ValueError(f"system {name!r}: expected NAME@K with K a draft length in 1..16")
+    return base, int(k)
+
+
 @dataclass(frozen=True)
 class BenchPlan:
     """What to run: a trace (with overrides applied), the systems, the models and the budget."""
@@ -64,17 +75,20 @@ class BenchPlan:
 
     def run_order(self) -> tuple[str, ...]:
         """The systems in run order: `ar` first when another system needs its outputs."""
-        unknown = [s for s in self.systems if s not in SYSTEMS]
+        bases = [parse_system(s)[0] for s in self.systems]
+        unknown = [s for s, base in zip(self.systems, bases) if base not in SYSTEMS]
         if unknown:
-            raise ValueError(f"unknown system(s) {', '.join(unknown)}; known: {', '.join(SYSTEMS)}")
-        if not any(SYSTEMS[s].needs_reference for s in self.systems):
+            raise ValueError(f"unknown system(s) {', '.join(unknown)}; known: {', '.join(SYSTEMS)} (any of them "
+                             "as NAME@K: at draft length K)")
+        if not any(SYSTEMS[base].needs_reference for base in bases):
             return tuple(dict.fromkeys(self.systems))
         return tuple(dict.fromkeys((REFERENCE_SYSTEM, *self.systems)))
 
     def spec(self, system: str, reference: Path | None, history: Path | None = None) -> RunSpec:
         profile = str(self.out / "runs" / f"{system}.prof") if system in self.profile else None
-        return RunSpec(system=system, trace=self.trace, target=self.target, drafter=self.drafter, dtype=self.dtype,
-                       max_batch_size=self.max_batch_size, num_draft_tokens=self.num_draft_tokens,
+        base, k = parse_system(system)
+        return RunSpec(system=base, trace=self.trace, target=self.target, drafter=self.drafter, dtype=self.dtype,
+                       max_batch_size=self.max_batch_size, num_draft_tokens=k or self.num_draft_tokens,
                        threads=self.threads, reference_path=str(reference) if reference else None,
                        oracle_passes=self.oracle_passes, profile_path=profile,
                        history_path=str(history) if history else None)
@@ -114,7 +128,7 @@ def run_bench(plan: BenchPlan, command: str = "") -> dict[str, Any]:
     started = time.time()
     runs: dict[str, list[dict[str, Any]]] = {s: [] for s in plan.run_order()}
     errors: dict[str, str] = {}
-    skipped = {s: why for s in plan.run_order() if (why := system_unavailable(s)) is not None}
+    skipped = {s: why for s in plan.run_order() if (why := system_unavailable(parse_system(s)[0])) is not None}
     for system, why in skipped.items():
         logger.warning("skipping %s: %s", system, why)
     history = run_history(plan, runs_dir) if plan.trace.needs_history else None

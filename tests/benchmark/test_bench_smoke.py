@@ -177,6 +177,21 @@ def test_oracle_dynamic_runs_after_ar_and_accepts_every_draft(tmp_path):
     assert stats["drafted_tokens"] > 0 and stats["accepted_tokens"] == stats["drafted_tokens"]
 
 
+def test_a_system_at_another_draft_length(tmp_path):
+    """NAME@K: the base system's spec at draft length K; a bad K or an unknown base fails before any run."""
+    from benchmark.run import BenchPlan
+
+    trace = TRACES["quick"]
+    plan = BenchPlan(trace, ("ar", "coupled@2", "coupled"), 1, tmp_path, "t", "d", "float32", num_draft_tokens=4)
+    assert plan.run_order() == ("ar", "coupled@2", "coupled")
+    spec = plan.spec("coupled@2", None)
+    assert (spec.system, spec.num_draft_tokens) == ("coupled", 2)
+    assert plan.spec("coupled", None).num_draft_tokens == 4
+    for bad in ("coupled@0", "coupled@x", "nothing@2"):
+        with pytest.raises(ValueError, match=bad):
+            BenchPlan(trace, (bad,), 1, tmp_path, "t", "d", "float32").run_order()
+
+
 def test_tail_time_and_identity():
     assert tail_time([1.0, 2.0, 3.0, 10.0], 10.0, 4) == pytest.approx(7.0)
     assert tail_time([1.0], 5.0, 4) == 0.0  # unfinished sequences count as finishing at the makespan
