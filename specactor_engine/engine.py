@@ -612,9 +612,13 @@ class _Run:
             if full > int(cut[i]) and slot not in self.shadows:
                 self._shadow(slot, proposal.token_ids[i, : int(proposal.num_tokens[i])], full, method)
                 self.deferred[row] = True
+        # a drafter may return fewer columns than asked (its longest draft), so the round's width can be
+        # wider or narrower than the proposal: copy what fits into a zero-padded [rows, width]
         width = int(caps.max()) if len(caps) else 0
         num = torch.minimum(proposal.num_tokens, cut)
-        tokens = proposal.token_ids[:, :width].clone()
+        tokens = torch.zeros(len(rows), width, dtype=proposal.token_ids.dtype)
+        kept = min(width, proposal.token_ids.shape[1])
+        tokens[:, :kept] = proposal.token_ids[:, :kept]
         tokens[torch.arange(width)[None, :] >= num[:, None]] = 0
         return DraftProposal(token_ids=tokens, num_tokens=num, probs=proposal.probs)
 

@@ -76,3 +76,55 @@ def test_shadow_scores_equal_what_verifying_the_same_drafts_accepts():
     scored = [matched_prefix(tokens, outputs[key][start:]) for key, start, tokens in drafter.drafts]
     assert result.stats.accepted_tokens == sum(scored)
     assert len(set(scored)) >= 4  # rounds that accepted none, some and all of their drafts
+
+
+class _OneColumn(Drafter):
+    """A model-free drafter whose proposals are one column wide whatever it is asked for (a suffix or
+    n-gram match shorter than the cap): the plain run's next token."""
+
+    name, model_free = "one-column", True
+
+    def __init__(self, outputs: dict[int, list[int]]) -> None:
+        self.outputs = outputs
+
+    def propose(self, state, request):
+        token_ids = torch.zeros(len(request.slots), 1, dtype=torch.long)
+        for i, slot in enumerate(request.slots.tolist()):
+            key, start = int(state.seq_keys[slot]), int(state.lengths[slot] - state.prompt_lengths[slot])
+            token_ids[i, 0] = (self.outputs[key][start:] + [0])[0]
+        return DraftProposal(token_ids=token_ids, num_tokens=(request.max_draft_tokens > 0).long())
+
+
+class _FixedLength:
+    """A verify-length policy that always chooses `k` (between 0 and the full cap)."""
+
+    def __init__(self, policy, k: int) -> None:
+        self.policy, self.k, self.probe_deep = policy, k, False
+
+    def choose(self, rows, context=None, regime=""):
+        return self.k
+
+    def __getattr__(self, name):
+        return getattr(self.policy, name)
+
+
+def test_a_proposal_narrower_than_the_round_is_cut_and_shadowed_exactly():
+    """Regression (trace A): with a verify length between 0 and the full cap, a model-free drafter that
+    returns fewer columns than the round verifies must be padded, its full draft kept as a shadow."""
+    from specactor_engine.engine import Engine
+    from specactor_engine.sampling import sequence_key
+    from specactor_engine.verify_length import AcceptanceStats, VerifyLengthPolicy
+    from tests.engine.test_dynamic_verify_length import table
+
+    target = make_tiny_model("qwen2", seed=5, dtype=torch.float64)
+    params = sampling(1.0, n=2, max_new_tokens=30, ignore_eos=True)
+    plain = run(target, ragged_requests(4), params)
+    outputs = {sequence_key(0, o.request_id, o.sample_index): o.token_ids for o in plain.outputs}
+    engine = Engine(target, make_tokenizer(), mode="coupled", num_draft_tokens=4, drafters=[_OneColumn(outputs)],
+                    verify_length="dynamic", cost_table=table(0.01, 0.001), check_invariants=True)
+    policy = VerifyLengthPolicy(table(0.01, 0.001), AcceptanceStats(max_k=4), probe_every=0)
+    engine.length_policy = _FixedLength(policy, 3)
+    result = engine.generate(ragged_requests(4), params)
+    assert token_ids(result) == token_ids(plain)
+    assert result.stats.shadow_drafts > 0 and result.stats.drafted_tokens > 0
+    assert result.stats.accepted_tokens > 0  # the one drafted token is the plain run's own
