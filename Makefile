@@ -127,7 +127,8 @@ bench: venv vllm-env drafter-smollm2 ## the standard benchmark set (traces A, B,
 # the way the pipeline would: on the target's own rollouts of 384 reasoning-gym prompts x 3 samples (seed 1000,
 # disjoint from the traces' seed 0; bf16, with the top-32 log-probs as soft targets; ~17 min), then a training run
 # budgeted at 14.5 minutes with the coupled-acceptance loss and a sub-vocabulary head. Traces B and C use it.
-# Measured: mean acceptance length 2.04 at k=4 on trace A's prompts (README, Distilled drafters).
+# Measured: mean acceptance length at k=4 on trace A's prompts 2.04-2.07 when the budget fits 611-773 steps,
+# 1.97-2.00 at 434-476 steps on slower days (README, Distilled drafters).
 DRAFTER_SMOLLM2 := runs/drafters/smollm2-distilled
 DRAFTER_DATA := $(DRAFTER_SMOLLM2)-data
 drafter-smollm2: $(DRAFTER_SMOLLM2)/.complete ## distil SmolLM2's draft model (~17 min of rollouts + 15 min of training; skipped when present)
