@@ -11,7 +11,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from specactor_engine.cost_profile import cpu_model
+from specactor_engine.policies.cost_profile import cpu_model
 
 logger = logging.getLogger(__name__)
 

@@ -51,7 +51,7 @@ def main(trace_name: Annotated[str, typer.Option("--trace", help="Whose target a
     from torch.profiler import ProfilerActivity, profile
 
     from benchmark.systems import RunSpec, load_target
-    from specactor_engine.model_runner import ModelRunner
+    from specactor_engine.model.runner import ModelRunner
     from specactor_engine.sampling import SamplingParams, sample_tokens
 
     torch.set_num_threads(threads)

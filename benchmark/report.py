@@ -113,7 +113,7 @@ def _drafter_use(results: dict[str, Any]) -> list[str]:
         return []
     return ["", "Drafter use (first repeat): tokens each method drafted that a verify round checked, and those "
             "accepted (rate); shadow drafts (drafted for rows that verified fewer, scored against what the rows "
-            "committed: specactor_engine/shadow.py) and their mean accepted tokens per draft; in-process drafting "
+            "committed: specactor_engine/policies/shadow.py) and their mean accepted tokens per draft; in-process drafting "
             "seconds (shadows included).", "",
             "| system | method | verified tokens | accepted (rate) | shadow drafts | accepted per shadow | drafting s |",
             "|---|---|---|---|---|---|---|", *rows]

@@ -147,7 +147,7 @@ def system_unavailable(name: str) -> str | None:
 
 
 def _resolve(name: str, dtype: str) -> Path:
-    from specactor_engine.models import resolve_model
+    from specactor_engine.model.registry import resolve_model
 
     return resolve_model(name, dtype, pull=False)
 
@@ -156,7 +156,7 @@ def load_target(spec: RunSpec) -> tuple[torch.nn.Module, Any]:
     """(model, tokenizer) of the spec's target, in its dtype; never downloads."""
     from transformers import AutoTokenizer
 
-    from specactor_engine.model_runner import load_hf_model
+    from specactor_engine.model.runner import load_hf_model
 
     path = _resolve(spec.target, spec.dtype)
     return load_hf_model(path, spec.dtype), AutoTokenizer.from_pretrained(path)

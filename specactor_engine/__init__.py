@@ -1,7 +1,7 @@
 """SpecActor rollout engine: batched, lossless speculative decoding for RL rollouts.
 
 The library has no Prefect, DeepSpeed or W&B imports. Entry points:
-`specactor_engine.engine.Engine` (Python API), `specactor_engine.cli` (the `specactor` command).
+`specactor_engine.engine.Engine` (Python API), `specactor.cli` (the `specactor` command).
 """
 
 __version__ = "0.1.0"

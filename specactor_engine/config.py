@@ -284,7 +284,7 @@ class DrafterSyncConfig(_Frozen):
     collapse_ratio: float = Field(0.5, gt=0, le=1, description="Alarm when acceptance < ratio x previous step.")
 
     def budget(self) -> Any:
-        from specactor_engine.distill import DistillBudget
+        from specactor_engine.training.distill import DistillBudget
 
         return DistillBudget(self.distill_steps, self.distill_seconds, self.distill_batch_size, self.distill_lr,
                              freeze_embeddings=self.freeze_embeddings, loss=self.distill_loss,

@@ -21,15 +21,15 @@ import numpy as np
 import torch
 
 from specactor_engine import acceptance
-from specactor_engine.cost_profile import load_or_measure
+from specactor_engine.policies.cost_profile import load_or_measure
 from specactor_engine.decoupled.coordinator import DecoupledCoordinator
 from specactor_engine.decoupled.phase import DECOUPLED, SOLO, DecouplingPolicy
 from specactor_engine.decoupled.protocol import SamplingSpec
 from specactor_engine.decoupled.sync import WorkerDrafterSync
 from specactor_engine.decoupled.transport import WorkerSpec
 from specactor_engine.drafters import DraftRequest, Drafter, DrafterContext, build_drafter
-from specactor_engine.heap import release_free_memory
-from specactor_engine.model_runner import ModelRunner, load_hf_model
+from specactor_engine.model.heap import release_free_memory
+from specactor_engine.model.runner import ModelRunner, load_hf_model
 from specactor_engine.sampling import (
     STREAM_ACCEPT,
     STREAM_RECOVER,
@@ -43,14 +43,14 @@ from specactor_engine.sampling import (
     uniform_noise,
     warped_probs,
 )
-from specactor_engine.selector import FastestOfNSelector
-from specactor_engine.shadow import ShadowBook, ShadowDraft
+from specactor_engine.policies.selector import FastestOfNSelector
+from specactor_engine.policies.shadow import ShadowBook, ShadowDraft
 from specactor_engine.state import SequenceState
 from specactor_engine.stopping import StopRules, find_stop_string, truncate_emitted
 from specactor_engine.tokenize import encode_request, eos_token_ids
 from specactor_engine.types import DraftProposal, EngineStats, Request, RolloutResult, SequenceOutput
-from specactor_engine.verify_length import AcceptanceStats, CostProfile, CostTable, VerifyLengthPolicy
-from specactor_engine.weights import load_named_weights
+from specactor_engine.policies.verify_length import AcceptanceStats, CostProfile, CostTable, VerifyLengthPolicy
+from specactor_engine.model.weights import load_named_weights
 
 logger = logging.getLogger(__name__)
 
@@ -146,7 +146,7 @@ class Engine:
         """Build from a SpecActorConfig (see specactor_engine.config)."""
         from transformers import AutoTokenizer
 
-        from specactor_engine.models import resolve_model
+        from specactor_engine.model.registry import resolve_model
 
         if config.threads:
             torch.set_num_threads(config.threads)
@@ -308,7 +308,7 @@ def start_workers(config: Any, tokenizer: Any, vocab_size: int) -> tuple[Decoupl
 
     from specactor_engine.decoupled.transport import LocalWorker, Transport
     from specactor_engine.drafters.model import check_same_tokenizer
-    from specactor_engine.models import resolve_model
+    from specactor_engine.model.registry import resolve_model
 
     settings = config.rollout.decoupled
     dtype = settings.dtype or config.model.dtype

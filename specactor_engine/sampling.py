@@ -13,17 +13,13 @@ product overflows and the stream is identical on every device and backend.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-MASK32 = 0xFFFFFFFF
-_MUL_A = 0x7FEB352D
-_MUL_B = 0x5BD1E995
-_GOLDEN = 0x61C88647  # 2**32 / phi, below 2**31
+from specactor_engine.counter_hash import MASK32, combine, mix32, mix32_numpy, token_hash, token_hash_numpy
 
 # Noise streams: the target and coupled drafters share TARGET; the classic rejection
 # rule needs independent streams for the draft sample, the accept test and recovery.
@@ -33,21 +29,6 @@ STREAM_ACCEPT = 2
 STREAM_RECOVER = 3
 
 
-def mix32(x: torch.Tensor) -> torch.Tensor:
-    """Bijective avalanche mix of 32-bit values held in int64 (lowbias32-style)."""
-    x = x ^ (x >> 16)
-    x = (x * _MUL_A) & MASK32
-    x = x ^ (x >> 15)
-    x = (x * _MUL_B) & MASK32
-    x = x ^ (x >> 16)
-    x = (x * _MUL_A) & MASK32
-    return x ^ (x >> 15)
-
-
-def _combine(key: torch.Tensor, value: torch.Tensor | int) -> torch.Tensor:
-    return mix32((key ^ mix32(torch.as_tensor(value, dtype=torch.long) & MASK32)) & MASK32)
-
-
 def request_key(request_id: str) -> int:
     """Stable 32-bit key of a request id (independent of its batch position)."""
     return int.from_bytes(hashlib.blake2b(request_id.encode(), digest_size=4).digest(), "little")
@@ -55,33 +36,15 @@ def request_key(request_id: str) -> int:
 
 def sequence_key(seed: int, request_id: str, sample_index: int) -> int:
     """32-bit key of sample `sample_index` of request `request_id` under `seed`."""
-    key = _combine(torch.tensor(seed & MASK32), request_key(request_id))
-    return int(_combine(key, sample_index))
+    key = combine(torch.tensor(seed & MASK32), request_key(request_id))
+    return int(combine(key, sample_index))
 
 
 def noise_bits_reference(seq_keys: torch.Tensor, positions: torch.Tensor, vocab_size: int,
                          stream: int = STREAM_TARGET) -> torch.Tensor:
     """The 32-bit noise hash, pure torch (any device): [R], [R, T] -> [R, T, V] int64 in [0, 2**32)."""
-    key = _combine(_combine(seq_keys[:, None], positions), stream)  # [R, T]
-    token_hash = mix32(torch.arange(vocab_size, dtype=torch.long, device=key.device) * _GOLDEN & MASK32)
-    return mix32(key[..., None] ^ token_hash)
-
-
-def _mix32_numpy(x: np.ndarray) -> np.ndarray:
-    """`mix32` on uint32 arrays (native wrap-around multiply gives the same bits)."""
-    x = x ^ (x >> np.uint32(16))
-    x = x * np.uint32(_MUL_A)
-    x ^= x >> np.uint32(15)
-    x = x * np.uint32(_MUL_B)
-    x ^= x >> np.uint32(16)
-    x = x * np.uint32(_MUL_A)
-    x ^= x >> np.uint32(15)
-    return x
-
-
-@functools.lru_cache(maxsize=8)
-def _token_hash_numpy(vocab_size: int) -> np.ndarray:
-    return _mix32_numpy((np.arange(vocab_size, dtype=np.uint64) * _GOLDEN & MASK32).astype(np.uint32))
+    key = combine(combine(seq_keys[:, None], positions), stream)  # [R, T]
+    return mix32(key[..., None] ^ token_hash(vocab_size, key.device))
 
 
 def noise_bits(seq_keys: torch.Tensor, positions: torch.Tensor, vocab_size: int, stream: int = STREAM_TARGET
@@ -92,8 +55,8 @@ def noise_bits(seq_keys: torch.Tensor, positions: torch.Tensor, vocab_size: int,
     """
     if positions.device.type != "cpu":
         return noise_bits_reference(seq_keys, positions, vocab_size, stream)
-    key = _combine(_combine(seq_keys[:, None], positions), stream).numpy().astype(np.uint32)  # [R, T]
-    bits = _mix32_numpy(key[..., None] ^ _token_hash_numpy(vocab_size))
+    key = combine(combine(seq_keys[:, None], positions), stream).numpy().astype(np.uint32)  # [R, T]
+    bits = mix32_numpy(key[..., None] ^ token_hash_numpy(vocab_size))
     return torch.from_numpy(bits.view(np.int32))
 
 
@@ -105,13 +68,13 @@ def _uniform_numpy(keys: np.ndarray, vocab_size: int) -> np.ndarray:
 
     One row at a time so the intermediates stay in cache (about 5x faster than whole-tensor ops).
     """
-    token_hash = _token_hash_numpy(vocab_size)
+    hashes = token_hash_numpy(vocab_size)
     if vocab_size < _ROW_LOOP_MIN_VOCAB:  # small vocabularies (tests): one vectorized pass
-        bits = _mix32_numpy(keys[:, None] ^ token_hash) >> np.uint32(9)
+        bits = mix32_numpy(keys[:, None] ^ hashes) >> np.uint32(9)
         return (bits.astype(np.float32) + np.float32(0.5)) * np.float32(2.0**-23)
     out = np.empty((len(keys), vocab_size), dtype=np.float32)
     for row, key in enumerate(keys):
-        bits = _mix32_numpy(token_hash ^ key)
+        bits = mix32_numpy(hashes ^ key)
         bits >>= np.uint32(9)
         np.add(bits, np.float32(0.5), out=out[row], casting="unsafe")
     out *= np.float32(2.0**-23)
@@ -128,7 +91,7 @@ def uniform_noise(seq_keys: torch.Tensor, positions: torch.Tensor, vocab_size: i
     (a 24-bit grid would, giving infinite Gumbel noise).
     """
     if positions.device.type == "cpu":
-        keys = _combine(_combine(seq_keys[:, None], positions), stream).numpy().astype(np.uint32)  # [R, T]
+        keys = combine(combine(seq_keys[:, None], positions), stream).numpy().astype(np.uint32)  # [R, T]
         flat = _uniform_numpy(keys.reshape(-1), vocab_size)
         return torch.from_numpy(flat).view(*positions.shape, vocab_size)
     top = noise_bits_reference(seq_keys, positions, vocab_size, stream) >> 9
@@ -188,11 +151,11 @@ def sample_tokens(logits: torch.Tensor, params: SamplingParams, seq_keys: torch.
         return logits.argmax(dim=-1)
     scores = warp_logits(logits, params)
     vocab_size = logits.shape[-1]
-    if vocab_size >= FUSED_MIN_VOCAB:  # one compiled pass instead of ~10 over [R, T, V] (kernels/gumbel_argmax.py)
-        from kernels.gumbel_argmax import gumbel_argmax
+    if vocab_size >= FUSED_MIN_VOCAB:  # one compiled pass instead of ~10 over [R, T, V] (specactor_engine/kernels/gumbel_argmax.py)
+        from specactor_engine.kernels.gumbel_argmax import gumbel_argmax
 
-        keys = _combine(_combine(seq_keys[:, None], positions), stream).to(scores.device)  # [R, T]
-        chosen = gumbel_argmax(scores.reshape(-1, vocab_size), keys.reshape(-1), _token_hash_torch(vocab_size,
+        keys = combine(combine(seq_keys[:, None], positions), stream).to(scores.device)  # [R, T]
+        chosen = gumbel_argmax(scores.reshape(-1, vocab_size), keys.reshape(-1), token_hash(vocab_size,
                                                                                                      scores.device))
         return chosen.view(positions.shape)
     noise = gumbel_noise(seq_keys, positions, vocab_size, stream).to(scores.device, scores.dtype)
@@ -200,12 +163,6 @@ def sample_tokens(logits: torch.Tensor, params: SamplingParams, seq_keys: torch.
 
 
 FUSED_MIN_VOCAB = 4096  # below this (test vocabularies) the fused kernel's compile time is not worth it
-
-
-@functools.lru_cache(maxsize=8)
-def _token_hash_torch(vocab_size: int, device: torch.device) -> torch.Tensor:
-    """mix32(v * golden) for every token id: [V] int64 (the per-token half of the noise key)."""
-    return mix32(torch.arange(vocab_size, dtype=torch.long, device=device) * _GOLDEN & MASK32)
 
 
 def scaled_log_softmax(logits: torch.Tensor, temperature: float) -> torch.Tensor:

@@ -37,7 +37,7 @@ def build_host(run_root: str, config: Any, with_trainer: bool = True) -> RunHost
     from transformers import AutoModelForCausalLM
 
     from specactor_engine.engine import Engine
-    from specactor_engine.models import resolve_model
+    from specactor_engine.model.registry import resolve_model
     from tasks.trainer import PolicyTrainer
 
     run = RunDir(Path(run_root))
@@ -276,7 +276,7 @@ def sync_weights(run_root: str, step: int) -> dict[str, Any]:
     On any failure the engine and its drafters are restored to the previous version, so the
     previous consistent (checkpoint, engine, drafters) triple stays in place.
     """
-    from specactor_engine.weights import weights_digest
+    from specactor_engine.model.weights import weights_digest
 
     host, run = host_for(run_root), RunDir(Path(run_root))
     previous = host.engine.policy_version
@@ -296,7 +296,7 @@ def sync_weights(run_root: str, step: int) -> dict[str, Any]:
 
 def refresh_drafters(host: RunHost, records: list[dict[str, Any]], version: int) -> dict[str, float]:
     """Model drafters: distil on the step's rollouts (bounded); others: bump their version."""
-    from specactor_engine.distill import distill_on_rollouts
+    from specactor_engine.training.distill import distill_on_rollouts
 
     metrics: dict[str, float] = {}
     sync = host.config.train.drafter_sync
@@ -305,7 +305,7 @@ def refresh_drafters(host: RunHost, records: list[dict[str, Any]], version: int)
     models = [d.runner.model for d in host.engine.drafters if hasattr(d, "runner")]
     soft = None
     if sync.soft_top_k and sequences and (models or workers is not None):
-        from specactor_engine.drafter_training import teacher_topk
+        from specactor_engine.training.offline import teacher_topk
 
         # the engine holds the new policy already: its distributions on the step's rollouts
         started = time.perf_counter()
@@ -372,7 +372,7 @@ def _restore_engine(host: RunHost, run: RunDir, version: int) -> None:
     """Reload the engine's target and drafters from checkpoint v<version> (v0: the initial models)."""
     from safetensors.torch import load_file
 
-    from specactor_engine.models import resolve_model
+    from specactor_engine.model.registry import resolve_model
 
     model = host.config.model
     source = run.checkpoint(version) if version else resolve_model(model.target, model.dtype, model.cache_dir)

@@ -39,7 +39,7 @@ from specactor_engine.decoupled.protocol import (
     Shutdown,
     WeightsLoaded,
 )
-from specactor_engine.model_runner import ModelRunner
+from specactor_engine.model.runner import ModelRunner
 from specactor_engine.sampling import STREAM_TARGET, SamplingParams, sample_tokens
 
 
@@ -113,7 +113,7 @@ class DraftWorker:
         so every row re-feeds from its prompt)."""
         from safetensors.torch import load_file
 
-        from specactor_engine.weights import load_named_weights, weights_digest
+        from specactor_engine.model.weights import load_named_weights, weights_digest
 
         started = time.perf_counter()
         try:
@@ -249,7 +249,7 @@ def serve(worker: DraftWorker, receive: Callable[[], Any], pending: Callable[[],
 
 def load_worker(model_path: str, dtype: str, threads: int, target_vocab_size: int) -> tuple[DraftWorker, Ready]:
     """Load the draft model on `threads` torch threads: the worker and its `Ready` announcement."""
-    from specactor_engine.model_runner import load_hf_model
+    from specactor_engine.model.runner import load_hf_model
 
     torch.set_num_threads(threads)
     started = time.perf_counter()

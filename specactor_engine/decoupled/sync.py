@@ -32,7 +32,7 @@ class WorkerDrafterSync:
     @property
     def model(self) -> nn.Module:
         if self._model is None:
-            from specactor_engine.model_runner import load_hf_model
+            from specactor_engine.model.runner import load_hf_model
 
             self._model = load_hf_model(self.model_path, self.dtype)
         return self._model
@@ -45,7 +45,7 @@ class WorkerDrafterSync:
         """Weights from a safetensors file into the copy (not yet the workers: see `push`)."""
         from safetensors.torch import load_file
 
-        from specactor_engine.weights import load_named_weights
+        from specactor_engine.model.weights import load_named_weights
 
         load_named_weights(self.model, load_file(path).items())
 
@@ -54,7 +54,7 @@ class WorkerDrafterSync:
 
         Raises RuntimeError naming the workers that failed, timed out, or hold different weights.
         """
-        from specactor_engine.weights import weights_digest
+        from specactor_engine.model.weights import weights_digest
 
         expected = weights_digest(self.model.named_parameters())
         started = time.perf_counter()

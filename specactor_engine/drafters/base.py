@@ -53,7 +53,7 @@ class Drafter(ABC):
     name: str = "drafter"
     version: int = 0
     # drafting costs no model forward: the engine may draft past the verify length (or for rows that
-    # verify none) only to score the drafts against what the rows commit (specactor_engine/shadow.py)
+    # verify none) only to score the drafts against what the rows commit (specactor_engine/policies/shadow.py)
     model_free: bool = False
 
     def allocate(self, num_slots: int, max_len: int) -> None:

@@ -13,11 +13,11 @@ from typing import Any, Iterable
 import torch
 
 from specactor_engine.drafters.base import DraftRequest, Drafter, DrafterContext, register_drafter
-from specactor_engine.model_runner import ModelRunner, load_hf_model
+from specactor_engine.model.runner import ModelRunner, load_hf_model
 from specactor_engine.sampling import STREAM_DRAFT, STREAM_TARGET, SamplingParams, sample_tokens, warped_probs
 from specactor_engine.state import SequenceState
 from specactor_engine.types import DraftProposal
-from specactor_engine.weights import load_named_weights
+from specactor_engine.model.weights import load_named_weights
 
 
 def check_same_tokenizer(target_tokenizer: Any, draft_tokenizer: Any, draft_name: str) -> None:
@@ -59,7 +59,7 @@ class ModelDrafter(Drafter):
     def _load(config: Any, context: DrafterContext) -> tuple[torch.nn.Module, Any]:
         from transformers import AutoTokenizer
 
-        from specactor_engine.models import resolve_model
+        from specactor_engine.model.registry import resolve_model
 
         dtype = getattr(config, "dtype", None) or context.dtype
         path = resolve_model(config.model, dtype=dtype, cache_dir=context.cache_dir)

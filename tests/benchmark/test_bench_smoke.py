@@ -153,7 +153,7 @@ def test_oracle_dynamic_runs_after_ar_and_accepts_every_draft(tmp_path):
     """In process, fp32: the dynamic-length oracle (fed `ar`'s outputs) emits them and accepts every draft."""
     from benchmark.run import BenchPlan
     from benchmark.systems import write_references
-    from specactor_engine.cost_profile import CostProfile
+    from specactor_engine.policies.cost_profile import CostProfile
 
     target = save_tiny_model(tmp_path / "target", "llama", seed=2)
     trace = TRACES["quick"].with_overrides(num_prompts=2, samples_per_prompt=2, max_new_tokens=10)

@@ -431,7 +431,7 @@ def test_dockerignore_keeps_local_state_out_but_not_the_sources(make: MakefileFa
     patterns = {line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
                 if line.strip() and not line.startswith("#")}
     assert {".git", ".venv", ".cache", "runs"} <= patterns
-    needed = {make.requirements, "pyproject.toml", "specactor_engine", "tasks", "flows", "configs", "kernels"}
+    needed = {make.requirements, "pyproject.toml", "specactor", "specactor_engine", "tasks", "flows", "benchmark", "configs"}
     assert not needed & patterns, f".dockerignore drops {needed & patterns}, which the images copy"
 
 

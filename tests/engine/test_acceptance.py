@@ -20,8 +20,8 @@ import torch
 from scipy import stats
 
 from specactor_engine.acceptance import accept_position_keyed, accept_rejection
+from specactor_engine.counter_hash import MASK32
 from specactor_engine.sampling import (
-    MASK32,
     STREAM_ACCEPT,
     STREAM_DRAFT,
     STREAM_RECOVER,

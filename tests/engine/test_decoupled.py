@@ -22,7 +22,7 @@ from specactor_engine.decoupled.protocol import (AddRows, Commits, Drafts, Pause
                                                  SamplingSpec, chain_hash)
 from specactor_engine.decoupled.transport import DelayedTransport, LocalWorker, Transport, WorkerSpec
 from specactor_engine.engine import Engine
-from specactor_engine.model_runner import load_hf_model
+from specactor_engine.model.runner import load_hf_model
 from specactor_engine.types import Request
 from tests.engine.test_exactness import MAX_LEN, ragged_requests, run, sampling, token_ids
 from tests.fixtures.tiny_models import make_tiny_model, make_tokenizer, save_tiny_model
@@ -309,7 +309,7 @@ def test_pushed_weights_reach_every_worker_and_a_restarted_one(models, target, t
     and a worker that restarts afterwards loads it before it drafts again."""
     from safetensors.torch import save_file
 
-    from specactor_engine.weights import weights_digest
+    from specactor_engine.model.weights import weights_digest
 
     path = tmp_path / "drafter.safetensors"
     save_file({k: v.contiguous() for k, v in target.named_parameters()}, str(path))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specactor_engine.distill import DistillBudget, distill_on_rollouts
+from specactor_engine.training.distill import DistillBudget, distill_on_rollouts
 from tests.engine.test_exactness import make_drafter, ragged_requests, run, sampling
 from tests.fixtures.tiny_models import make_tiny_model
 
@@ -27,8 +27,8 @@ def test_distillation_raises_acceptance_on_the_targets_own_samples():
 
 def test_soft_targets_bring_the_drafter_closer_to_the_target_than_sampled_tokens():
     """Same samples, same steps: the target's top-k distributions teach more than its samples alone."""
-    from specactor_engine.distill import Distiller, pad_batch
-    from specactor_engine.drafter_training import teacher_topk
+    from specactor_engine.training.distill import Distiller, pad_batch
+    from specactor_engine.training.offline import teacher_topk
 
     target = make_tiny_model("llama", seed=0, init_range=0.5)
     requests = ragged_requests(8, seed=9)
@@ -56,7 +56,7 @@ def test_soft_targets_bring_the_drafter_closer_to_the_target_than_sampled_tokens
 
 
 def test_learning_rate_warms_up_then_decays_to_the_floor_by_the_first_horizon():
-    from specactor_engine.drafter_training import DistillSettings, scheduled_lr
+    from specactor_engine.training.offline import DistillSettings, scheduled_lr
 
     settings = DistillSettings(steps=100, lr=1e-3, lr_decay=True, warmup_steps=10, lr_floor=0.1)
     assert scheduled_lr(settings, 0, 0.0) == pytest.approx(1e-4)  # warm-up: 1/10 of the rate
@@ -70,7 +70,7 @@ def test_learning_rate_warms_up_then_decays_to_the_floor_by_the_first_horizon():
 
 
 def test_the_pipeline_refresh_trains_on_the_new_policys_distributions_with_embeddings_fixed():
-    from specactor_engine.drafter_training import teacher_topk
+    from specactor_engine.training.offline import teacher_topk
 
     target = make_tiny_model("llama", seed=0, init_range=0.5)
     rollouts = run(target, ragged_requests(8, seed=9), sampling(1.0, max_new_tokens=16, ignore_eos=True)).outputs
@@ -86,8 +86,8 @@ def test_the_pipeline_refresh_trains_on_the_new_policys_distributions_with_embed
 
 def test_topk_coupled_acceptance_equals_the_full_vocabulary_closed_form():
     """With k = V nothing is cut off, so the training objective is exactly `drafter_score`'s closed form."""
-    from specactor_engine.distill import coupled_acceptance_from_topk
-    from specactor_engine.drafter_score import coupled_acceptance
+    from specactor_engine.training.distill import coupled_acceptance_from_topk
+    from specactor_engine.training.scorer import coupled_acceptance
 
     gen = torch.Generator().manual_seed(0)
     p = (torch.randn(6, 12, generator=gen, dtype=torch.float64) * 2).softmax(-1)
@@ -109,9 +109,9 @@ def test_topk_coupled_acceptance_equals_the_full_vocabulary_closed_form():
 
 def test_the_coupled_loss_raises_the_engines_acceptance_probability_more_than_kl():
     """Same samples, steps and start: training on the acceptance itself ends with higher coupled acceptance."""
-    from specactor_engine.distill import Distiller, pad_batch
-    from specactor_engine.drafter_score import coupled_acceptance
-    from specactor_engine.drafter_training import teacher_topk
+    from specactor_engine.training.distill import Distiller, pad_batch
+    from specactor_engine.training.scorer import coupled_acceptance
+    from specactor_engine.training.offline import teacher_topk
 
     target = make_tiny_model("llama", seed=0, init_range=0.5)
     requests = ragged_requests(8, seed=9)
@@ -140,8 +140,8 @@ def test_the_coupled_loss_raises_the_engines_acceptance_probability_more_than_kl
 
 
 def test_frozen_layers_stay_as_they_are_and_the_rest_trains():
-    from specactor_engine.distill import Distiller
-    from specactor_engine.drafter_training import teacher_topk, truncated_copy
+    from specactor_engine.training.distill import Distiller
+    from specactor_engine.training.offline import teacher_topk, truncated_copy
 
     target = make_tiny_model("llama", seed=0, num_layers=3, init_range=0.5)
     pairs = [(o.prompt_token_ids, o.token_ids)

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from specactor_engine.draft_vocab import (DRAFT_VOCAB_FILE, SubsetHead, choose_draft_vocab, install_subset_head,
+from specactor_engine.drafters.draft_vocab import (DRAFT_VOCAB_FILE, SubsetHead, choose_draft_vocab, install_subset_head,
                                           load_draft_vocab, save_draft_vocab)
 from specactor_engine.drafters.model import ModelDrafter
-from specactor_engine.model_runner import load_hf_model
-from specactor_engine.weights import load_named_weights
+from specactor_engine.model.runner import load_hf_model
+from specactor_engine.model.weights import load_named_weights
 from tests.engine.test_exactness import make_tokenizer, ragged_requests, run, sampling, token_ids
 from tests.fixtures.tiny_models import make_tiny_model, save_tiny_model
 

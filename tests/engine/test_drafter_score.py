@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from specactor_engine.drafter_score import coupled_acceptance, score_drafter
+from specactor_engine.training.scorer import coupled_acceptance, score_drafter
 from tests.fixtures.tiny_models import make_tiny_model
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specactor_engine.cost_profile import load_or_measure, profile_batches
+from specactor_engine.policies.cost_profile import load_or_measure, profile_batches
 from specactor_engine.engine import Engine
-from specactor_engine.model_runner import ModelRunner
-from specactor_engine.verify_length import CostTable
+from specactor_engine.model.runner import ModelRunner
+from specactor_engine.policies.verify_length import CostTable
 from tests.engine.test_exactness import MAX_LEN, make_drafter, ragged_requests, run, sampling, token_ids
 from tests.fixtures.tiny_models import make_tiny_model, make_tokenizer
 
@@ -90,7 +90,7 @@ def test_shadow_drafts_find_good_drafts_while_decoding_plainly(fp64_target, shad
     Shadow drafts (perfect ones here) are scored while k = 0 and lead the policy to the longest length."""
     from benchmark.systems import OracleDrafter
     from specactor_engine.sampling import sequence_key
-    from specactor_engine.verify_length import AcceptanceStats, VerifyLengthPolicy
+    from specactor_engine.policies.verify_length import AcceptanceStats, VerifyLengthPolicy
 
     params = sampling(1.0, max_new_tokens=30, ignore_eos=True)
     plain = run(fp64_target, ragged_requests(4), params)

@@ -10,7 +10,7 @@ import torch
 from specactor_engine.drafters import DrafterContext
 from specactor_engine.drafters.model import ModelDrafter, check_same_tokenizer
 from specactor_engine.engine import Engine
-from specactor_engine.model_runner import ModelRunner
+from specactor_engine.model.runner import ModelRunner
 from specactor_engine.types import Request
 from tests.engine.test_exactness import make_drafter, ragged_requests, run, sampling, token_ids
 from tests.fixtures.tiny_models import EOS_ID, make_tiny_model, make_tokenizer
@@ -196,7 +196,7 @@ def test_decoding_returns_freed_heap_memory_every_few_rounds(target, monkeypatch
     """The decode loop trims glibc's heap every TRIM_HEAP_EVERY rounds (a long CPU rollout's resident
     memory otherwise climbs with fragmentation), and trimming changes no output."""
     import specactor_engine.engine as engine_module
-    from specactor_engine.heap import release_free_memory
+    from specactor_engine.model.heap import release_free_memory
 
     assert release_free_memory() is True  # glibc (Linux): the trim really runs here
     plain = run(target, ragged_requests(3), sampling(1.0, n=2, max_new_tokens=12), "ar", [])
@@ -209,7 +209,7 @@ def test_decoding_returns_freed_heap_memory_every_few_rounds(target, monkeypatch
 
 
 def test_weights_digest_detects_a_single_bit(target):
-    from specactor_engine.weights import model_digest, weights_digest
+    from specactor_engine.model.weights import model_digest, weights_digest
 
     other = make_tiny_model("llama", seed=5)
     assert model_digest(other) == model_digest(target)
@@ -226,7 +226,7 @@ def test_half_precision_attention_matches_an_fp32_reference(queries):
     a bf16 model's logits through the runner stay within bf16 rounding of its own fp32 copy."""
     import torch.nn.functional as F
 
-    from specactor_engine.model_runner import grouped_attention_fp32
+    from specactor_engine.model.runner import grouped_attention_fp32
 
     generator = torch.Generator().manual_seed(0)
     R, H, H_kv, D, S = 3, 6, 2, 16, 40

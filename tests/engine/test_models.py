@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 import torch
 
-from specactor_engine import models
-from specactor_engine.models import (
+from specactor_engine.model import registry as models
+from specactor_engine.model.registry import (
     MODEL_REGISTRY,
     ChecksumError,
     ModelNotPulledError,

@@ -7,9 +7,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specactor_engine.model_runner import ModelRunner
-from specactor_engine.packed_linear import PackedLinear, packing_supported
-from specactor_engine.weights import load_named_weights
+from specactor_engine.model.runner import ModelRunner
+from specactor_engine.model.packed_linear import PackedLinear, packing_supported
+from specactor_engine.model.weights import load_named_weights
 from tests.fixtures.tiny_models import make_tiny_model
 
 pytestmark = pytest.mark.skipif(not packing_supported(torch.float32, torch.device("cpu")),

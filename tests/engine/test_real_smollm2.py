@@ -32,8 +32,8 @@ NEAR_TIE = 1e-3  # perturbed-score gap that fp32 rounding of logits (~1e-5) can 
 def smollm2():
     from transformers import AutoTokenizer
 
-    from specactor_engine.model_runner import load_hf_model
-    from specactor_engine.models import resolve_model
+    from specactor_engine.model.runner import load_hf_model
+    from specactor_engine.model.registry import resolve_model
 
     path = resolve_model("smollm2-135m-instruct", dtype="float32", cache_dir=os.environ.get("SPECACTOR_CACHE_DIR"))
     return load_hf_model(path, "float32"), AutoTokenizer.from_pretrained(path)
@@ -103,14 +103,14 @@ def test_cli_rollout_on_smollm2(tmp_path: Path):
     import sys
 
     env = dict(os.environ)
-    pull = subprocess.run([sys.executable, "-m", "specactor_engine.cli", "models", "pull", "smollm2-135m-instruct",
+    pull = subprocess.run([sys.executable, "-m", "specactor.cli", "models", "pull", "smollm2-135m-instruct",
                            "--dtype", "float32"], capture_output=True, text=True, env=env, timeout=900)
     assert pull.returncode == 0, pull.stderr
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(json.dumps({"id": "france", "prompt": "What is the capital of France?"}) + "\n"
                        + json.dumps({"id": "sum", "messages": [{"role": "user", "content": "What is 2 + 3?"}]}) + "\n")
     out, stats = tmp_path / "out.jsonl", tmp_path / "stats.json"
-    cmd = [sys.executable, "-m", "specactor_engine.cli", "rollout", "--prompts", str(prompts), "--out", str(out),
+    cmd = [sys.executable, "-m", "specactor.cli", "rollout", "--prompts", str(prompts), "--out", str(out),
            "--stats", str(stats), "--set", "sampling.temperature=0", "--set", "sampling.n=1",
            "--set", "sampling.max_new_tokens=32"]
     result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
@@ -127,7 +127,7 @@ def test_decoupled_matches_plain_decoding_on_smollm2(smollm2, temperature):
     """A worker process drafting with SmolLM2 itself (fp32): outputs equal plain decoding up to near-ties."""
     from specactor_engine.decoupled.coordinator import DecoupledCoordinator
     from specactor_engine.decoupled.transport import LocalWorker, WorkerSpec
-    from specactor_engine.models import resolve_model
+    from specactor_engine.model.registry import resolve_model
 
     model, tokenizer = smollm2
     requests = trace_a_requests()

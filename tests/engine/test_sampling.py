@@ -15,11 +15,8 @@ import pytest
 import torch
 from scipy import stats
 
+from specactor_engine.counter_hash import GOLDEN, MASK32, MUL_A, MUL_B
 from specactor_engine.sampling import (
-    _GOLDEN,
-    _MUL_A,
-    _MUL_B,
-    MASK32,
     STREAM_ACCEPT,
     STREAM_DRAFT,
     STREAM_RECOVER,
@@ -55,11 +52,11 @@ def chi2_threshold(dof: int, alpha: float = ALPHA) -> float:
 
 def _mix32_int(x: int) -> int:
     x ^= x >> 16
-    x = (x * _MUL_A) & MASK32
+    x = (x * MUL_A) & MASK32
     x ^= x >> 15
-    x = (x * _MUL_B) & MASK32
+    x = (x * MUL_B) & MASK32
     x ^= x >> 16
-    x = (x * _MUL_A) & MASK32
+    x = (x * MUL_A) & MASK32
     return x ^ (x >> 15)
 
 
@@ -71,7 +68,7 @@ def _unxorshift(x: int, shift: int) -> int:
 
 
 def _unmix32_int(x: int) -> int:
-    inv_a, inv_b = pow(_MUL_A, -1, 2**32), pow(_MUL_B, -1, 2**32)
+    inv_a, inv_b = pow(MUL_A, -1, 2**32), pow(MUL_B, -1, 2**32)
     x = (_unxorshift(x, 15) * inv_a) & MASK32
     x = (_unxorshift(x, 16) * inv_b) & MASK32
     x = (_unxorshift(x, 15) * inv_a) & MASK32
@@ -80,7 +77,7 @@ def _unmix32_int(x: int) -> int:
 
 def key_with_bits(bits: int, position: int, token: int, stream: int = STREAM_TARGET) -> int:
     """The sequence key whose noise hash at (position, token, stream) equals `bits` (mix32 is a bijection)."""
-    combined = _unmix32_int(bits) ^ _mix32_int((token * _GOLDEN) & MASK32)
+    combined = _unmix32_int(bits) ^ _mix32_int((token * GOLDEN) & MASK32)
     keyed_position = _unmix32_int(combined) ^ _mix32_int(stream)
     return _unmix32_int(keyed_position) ^ _mix32_int(position & MASK32)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from specactor_engine.selector import FastestOfNSelector
+from specactor_engine.policies.selector import FastestOfNSelector
 
 
 def simulate(selector: FastestOfNSelector, accept_means: dict[str, float], rounds: int, rng: random.Random,

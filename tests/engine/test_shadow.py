@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from specactor_engine.drafters import Drafter
-from specactor_engine.shadow import ShadowBook, ShadowDraft, matched_prefix
+from specactor_engine.policies.shadow import ShadowBook, ShadowDraft, matched_prefix
 from specactor_engine.types import DraftProposal
 from tests.engine.test_exactness import ragged_requests, run, sampling, token_ids
 from tests.fixtures.tiny_models import make_tiny_model, make_tokenizer
@@ -113,7 +113,7 @@ def test_a_proposal_narrower_than_the_round_is_cut_and_shadowed_exactly():
     returns fewer columns than the round verifies must be padded, its full draft kept as a shadow."""
     from specactor_engine.engine import Engine
     from specactor_engine.sampling import sequence_key
-    from specactor_engine.verify_length import AcceptanceStats, VerifyLengthPolicy
+    from specactor_engine.policies.verify_length import AcceptanceStats, VerifyLengthPolicy
     from tests.engine.test_dynamic_verify_length import table
 
     target = make_tiny_model("qwen2", seed=5, dtype=torch.float64)

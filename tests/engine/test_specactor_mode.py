@@ -61,7 +61,7 @@ def test_while_decoding_plainly_shadow_drafts_try_every_model_free_method(target
     reference = token_ids(run(target, ragged_requests(4), params))
     drafters = [make_drafter(kind, target, torch.float64) for kind in ("suffix", "ngram")]
     engine = specactor_engine(target, drafters, cost_table=table(0.0, 0.01), verify_length="dynamic")
-    from specactor_engine.verify_length import AcceptanceStats, VerifyLengthPolicy
+    from specactor_engine.policies.verify_length import AcceptanceStats, VerifyLengthPolicy
 
     engine.length_policy = VerifyLengthPolicy(table(0.0, 0.01), AcceptanceStats(max_k=K, prior=0.05), probe_every=0)
     result = engine.generate(ragged_requests(4), params)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specactor_engine.verify_length import AcceptanceStats, CostProfile, CostTable, VerifyLengthPolicy
+from specactor_engine.policies.verify_length import AcceptanceStats, CostProfile, CostTable, VerifyLengthPolicy
 
 BATCHES = (1, 8, 32)
 WIDTHS = (1, 2, 3, 4, 5)

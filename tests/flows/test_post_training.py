@@ -56,7 +56,7 @@ def test_two_steps_update_sync_and_log(tmp_path, prefect_harness, toy_reward):
     from safetensors.torch import load_file
 
     from flows.post_training import post_training
-    from specactor_engine.weights import model_digest
+    from specactor_engine.model.weights import model_digest
     from tasks.run_dir import RunDir, read_jsonl
     from tasks.runtime import drop_host, get_host
 

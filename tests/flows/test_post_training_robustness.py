@@ -125,7 +125,7 @@ def test_decoupled_run_syncs_the_workers_drafter(tmp_path, prefect_harness, toy_
     beside the checkpoint and loaded by every worker (digest-checked); a resumed run pushes it again."""
     from safetensors.torch import load_file
 
-    from specactor_engine.weights import weights_digest
+    from specactor_engine.model.weights import weights_digest
     from tasks.run_dir import RunDir, read_jsonl
     from tasks.runtime import drop_host, get_host
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import gumbel_argmax as kernel
-from specactor_engine import sampling
+from specactor_engine.kernels import gumbel_argmax as kernel
+from specactor_engine import counter_hash
 from specactor_engine.sampling import STREAM_DRAFT, STREAM_TARGET, SamplingParams, gumbel_noise, sample_tokens
 
 
@@ -28,8 +28,8 @@ def random_case(rows: int, width: int, vocab: int, seed: int, dtype: torch.dtype
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_reference_equals_the_materialised_noise_path(dtype):
     scores, seq_keys, positions = random_case(5, 3, 5000, seed=0, dtype=dtype)
-    keys = sampling._combine(sampling._combine(seq_keys[:, None], positions), STREAM_TARGET)
-    token_hash = sampling._token_hash_torch(5000, torch.device("cpu"))
+    keys = counter_hash.combine(counter_hash.combine(seq_keys[:, None], positions), STREAM_TARGET)
+    token_hash = counter_hash.token_hash(5000, torch.device("cpu"))
     got = kernel.gumbel_argmax_reference(scores.reshape(-1, 5000), keys.reshape(-1), token_hash).view(5, 3)
     assert torch.equal(got, unfused(scores, seq_keys, positions, STREAM_TARGET))
 

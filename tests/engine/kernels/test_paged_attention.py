@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels import paged_attention
-from kernels.paged_attention import paged_decode_attention, paged_decode_attention_reference
+from specactor_engine.kernels import paged_attention
+from specactor_engine.kernels.paged_attention import paged_decode_attention, paged_decode_attention_reference
 
 TOLERANCE = {torch.float64: 1e-12, torch.float32: 2e-6, torch.bfloat16: 2e-2}
 
@@ -46,7 +46,7 @@ def test_a_lock_left_by_a_killed_build_does_not_hang_later_loads():
     name = f"specactor_paged_attention_{paged_attention._machine_tag()}"
     build_dir = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()) / name
     (build_dir / "lock").touch()  # what a killed builder leaves
-    probe = "from kernels.paged_attention import kernel_available; assert kernel_available()"
+    probe = "from specactor_engine.kernels.paged_attention import kernel_available; assert kernel_available()"
     subprocess.run([sys.executable, "-c", probe], check=True, timeout=300, cwd=Path(__file__).parents[2])
     assert not (build_dir / "lock").exists()
 

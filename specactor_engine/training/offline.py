@@ -24,9 +24,9 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
-from specactor_engine.distill import Distiller, SoftTargets, pad_batch
-from specactor_engine.draft_vocab import SubsetHead, save_draft_vocab
-from specactor_engine.student_samples import StudentSampler
+from specactor_engine.training.distill import Distiller, SoftTargets, pad_batch
+from specactor_engine.drafters.draft_vocab import SubsetHead, save_draft_vocab
+from specactor_engine.training.on_policy import StudentSampler
 
 logger = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from typing import Callable
 
 import torch
 
-from specactor_engine.sampling import mix32
+from specactor_engine.counter_hash import mix32
 
 logger = logging.getLogger(__name__)
 
@@ -26,7 +26,7 @@ def gumbel_argmax_reference(scores: torch.Tensor, keys: torch.Tensor, token_hash
     """argmax_v(scores[n, v] + Gumbel(key n, token v)): [N] int64.
 
     scores: [N, V] float32 warped logits (-inf outside top-k/top-p); keys: [N] int64 position keys
-    (32-bit values, `sampling._combine` of sequence key, position and stream); token_hash: [V] int64
+    (32-bit values, `counter_hash.combine` of sequence key, position and stream); token_hash: [V] int64
     (`mix32(v * golden)`). Uniform = (top 23 bits + 0.5) * 2**-23, Gumbel = -log(-log(uniform)).
     """
     bits = mix32(keys[:, None] ^ token_hash[None, :])

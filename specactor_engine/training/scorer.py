@@ -23,7 +23,7 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
-from specactor_engine.distill import pad_batch
+from specactor_engine.training.distill import pad_batch
 
 Pair = tuple[list[int], list[int]]
 

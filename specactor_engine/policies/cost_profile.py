@@ -20,9 +20,9 @@ from pathlib import Path
 
 import torch
 
-from specactor_engine.model_runner import ModelRunner
+from specactor_engine.model.runner import ModelRunner
 from specactor_engine.sampling import SamplingParams, sample_tokens
-from specactor_engine.verify_length import CostProfile, CostTable
+from specactor_engine.policies.verify_length import CostProfile, CostTable
 
 logger = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ def measure_verify_costs(runner: ModelRunner, batches: tuple[int, ...], widths: 
 def load_or_measure(runner: ModelRunner, max_rows: int, max_k: int, cache_dir: Path | None = None,
                     max_context: int = PROFILE_CONTEXT) -> CostProfile:
     """The cached cost profile for this model and machine, measuring (and caching) it if absent."""
-    from specactor_engine.models import default_cache_dir
+    from specactor_engine.model.registry import default_cache_dir
 
     batches, widths, contexts = profile_batches(max_rows), tuple(range(1, max_k + 2)), profile_contexts(max_context)
     key = profile_key(runner, batches, widths, contexts)

