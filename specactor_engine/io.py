@@ -8,17 +8,15 @@ in the target directory, then a rename, so a crash never leaves a half-written o
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
-from typing import IO, Annotated, Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from specactor_engine.config import describe_error
+from specactor_engine.files import atomic_writer
 from specactor_engine.types import Request, SequenceOutput
 
 PROMPT_FIELDS = ("prompt", "messages", "prompt_token_ids")
@@ -81,7 +79,7 @@ def read_requests(path: str | Path) -> list[Request]:
 def write_outputs(path: str | Path, outputs: Iterable[SequenceOutput]) -> int:
     """Write one `SequenceOutput.to_json()` line per output, atomically; return the line count."""
     count = 0
-    with _atomic_writer(path) as handle:
+    with atomic_writer(path) as handle:
         for output in outputs:
             handle.write(json.dumps(output.to_json(), ensure_ascii=False) + "\n")
             count += 1
@@ -90,7 +88,7 @@ def write_outputs(path: str | Path, outputs: Iterable[SequenceOutput]) -> int:
 
 def write_stats(path: str | Path, stats: dict[str, Any]) -> None:
     """Write `stats` as indented JSON, atomically."""
-    with _atomic_writer(path) as handle:
+    with atomic_writer(path) as handle:
         handle.write(json.dumps(stats, indent=2, ensure_ascii=False) + "\n")
 
 
@@ -117,22 +115,3 @@ def _describe_line_error(err: Any) -> str:
     if key == "id":
         return f"'id' must be a string or an integer (got {err['input']!r})"
     return f"'{key}': {describe_error(err)}" if key else describe_error(err)
-
-
-@contextlib.contextmanager
-def _atomic_writer(path: str | Path) -> Iterator[IO[str]]:
-    """Yield a text handle to a temporary sibling of `path`; rename it over `path` on success."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    os.fchmod(fd, 0o644)  # mkstemp's 0600 would otherwise survive the rename
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            yield handle
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp_name, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp_name)
-        raise

@@ -11,13 +11,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from specactor_engine.files import atomic_writer
 from tasks.prompts import SUPPORTED_TASKS, build_prompt, reasoning_gym_items
 
 if TYPE_CHECKING:
@@ -112,17 +112,9 @@ def batch_for_step(ds: Dataset, step: int, prompts_per_step: int, seed: int) -> 
 def write_prompt_file(ds: Dataset, path: str | Path) -> Path:
     """Write the engine's prompt file (`{"id", "messages"}` per line) atomically; return its path."""
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            for row in ds.select_columns(["id", "messages"]):
-                handle.write(json.dumps({"id": row["id"], "messages": row["messages"]}, ensure_ascii=False) + "\n")
-        os.chmod(tmp_name, 0o644)
-        os.replace(tmp_name, target)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
+    with atomic_writer(target) as handle:
+        for row in ds.select_columns(["id", "messages"]):
+            handle.write(json.dumps({"id": row["id"], "messages": row["messages"]}, ensure_ascii=False) + "\n")
     return target
 
 

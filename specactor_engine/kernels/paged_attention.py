@@ -13,18 +13,17 @@ with a sliding window w > 0, positions[r, t] - w + 1. Returns [R, T, H, D] in q'
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import functools
 import hashlib
 import logging
 import os
 import platform
-from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+from specactor_engine.files import file_lock
 
 logger = logging.getLogger(__name__)
 
@@ -56,18 +55,6 @@ def _machine_tag() -> str:
     return hashlib.sha256(f"{flags}|{torch.__version__}".encode()).hexdigest()[:12]
 
 
-@contextlib.contextmanager
-def _exclusive(lock_path: Path) -> Iterator[None]:
-    """One builder at a time across processes; the OS drops the lock when its holder dies."""
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock_path, "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 @functools.lru_cache(maxsize=1)
 def kernel_available() -> bool:
     """Build (first use on this machine) or load the compiled kernel, registered as
@@ -77,7 +64,7 @@ def kernel_available() -> bool:
     name = f"specactor_paged_attention_{_machine_tag()}"
     build_dir = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()) / name
     try:
-        with _exclusive(build_dir.parent / f"{name}.build-lock"):
+        with file_lock(build_dir.parent / f"{name}.build-lock"):  # one builder at a time across processes
             # torch's own lock file outlives a builder that was killed (Ctrl-C, a test timeout), and every
             # later load then waits on it forever; under our lock nobody else is building, so it is stale
             (build_dir / "lock").unlink(missing_ok=True)

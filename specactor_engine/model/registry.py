@@ -13,8 +13,6 @@ Hugging Face causal-LM directory.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import json
 import logging
@@ -23,12 +21,14 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tqdm.auto import tqdm
+
+from specactor_engine.files import file_lock
 
 logger = logging.getLogger(__name__)
 
@@ -364,19 +364,6 @@ def convert_gguf(gguf_path: Path, out_dir: Path, dtype: str = DEFAULT_DTYPE) -> 
 # Pull, resolve, list
 
 
-@contextlib.contextmanager
-def _pull_lock(cache_dir: Path, name: str) -> Iterator[None]:
-    """Serialize pulls of one model across processes (they share its staging dir and GGUF)."""
-    lock_path = cache_dir / "locks" / f"{name}.lock"
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock_path, "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def _convert_into_place(spec: ModelSpec, gguf_path: Path, dest: Path, dtype: str) -> None:
     """Convert into a temp dir next to `dest`, write the marker, then rename it into place."""
     for stale in dest.parent.glob(f".tmp-{dest.name}-*"):
@@ -414,7 +401,7 @@ def pull_model(
     dest = model_dir(name, stored, cache)
     if is_complete(dest):
         return dest
-    with _pull_lock(cache, name):
+    with file_lock(cache / "locks" / f"{name}.lock"):  # pulls of one model share its staging dir and GGUF
         if is_complete(dest):
             return dest
         started = time.monotonic()

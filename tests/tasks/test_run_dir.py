@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks.run_dir import RunDir, atomic_write_text, read_jsonl, write_jsonl
+from specactor_engine.files import atomic_write_text
+from tasks.run_dir import RunDir, read_jsonl, write_jsonl
 
 
 def complete_checkpoint(run: RunDir, version: int) -> None:
@@ -47,7 +48,7 @@ def test_atomic_write_keeps_the_old_file_on_failure(tmp_path: Path, monkeypatch)
     def boom(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr("tasks.run_dir.os.replace", boom)
+    monkeypatch.setattr("specactor_engine.files.os.replace", boom)
     with pytest.raises(OSError):
         atomic_write_text(target, "new")
     assert target.read_text() == "old"
