@@ -78,6 +78,10 @@ class Drafter(ABC):
     def load_state(self, directory: Path) -> None:
         """Read what `save_state` wrote (a missing file means nothing to restore)."""
 
+    def trainable_model(self) -> torch.nn.Module | None:
+        """The module whose weights a policy sync refreshes and a checkpoint saves (None: no weights)."""
+        return None
+
     def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         raise NotImplementedError(f"drafter {self.name!r} has no weights")
 

@@ -165,6 +165,10 @@ class ModelDrafter(Drafter):
         self.runner.set_lengths(slots, base + kept)
         self._fed_count[slots] = 0
 
+    def trainable_model(self) -> torch.nn.Module:
+        """The draft LM (distilled on each policy sync, saved beside each checkpoint)."""
+        return self.runner.model
+
     def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         load_named_weights(self.runner.model, weights)
         self.version = version
