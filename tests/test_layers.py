@@ -51,7 +51,10 @@ def _imports(path: Path, name: str, modules: dict[str, Path]) -> set[str]:
                 target = target.rpartition(".")[0]
             if target and target != name:
                 found.add(target)
-    return found
+    # importing a.b.c first runs a/__init__ and a/b/__init__, unless this module is inside them already
+    own = {name.rsplit(".", depth)[0] for depth in range(1, name.count(".") + 1)}
+    parents = {target.rsplit(".", depth)[0] for target in found for depth in range(1, target.count(".") + 1)}
+    return found | {parent for parent in parents - own if parent in modules and parent != name}
 
 
 def _graph() -> dict[str, set[str]]:
@@ -99,6 +102,15 @@ def test_the_cycle_finder_finds_a_cycle_through_a_lazy_import(tmp_path: Path) ->
     source = tmp_path / "x.py"
     source.write_text("def f():\n    from specactor_engine.engine import Engine\n")
     assert _imports(source, "x", {"specactor_engine.engine": source}) == {"specactor_engine.engine"}
+
+
+def test_importing_a_submodule_counts_its_package_init(tmp_path: Path) -> None:
+    """`from a.sub import x` runs a/__init__ first: a cycle through a package's eager imports is found."""
+    runner, vocab = tmp_path / "runner.py", tmp_path / "vocab.py"
+    runner.write_text("from pkg.drafters.vocab import head\n")
+    vocab.write_text("")
+    modules = {"pkg.model.runner": runner, "pkg.drafters.vocab": vocab, "pkg.drafters": vocab, "pkg.model": vocab}
+    assert _imports(runner, "pkg.model.runner", modules) == {"pkg.drafters.vocab", "pkg.drafters"}
 
 
 def test_no_import_cycles_between_project_modules() -> None:

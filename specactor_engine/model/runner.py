@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specactor_engine.kernels.paged_attention import kernel_available, paged_decode_attention
-from specactor_engine.drafters.draft_vocab import install_subset_head, load_draft_vocab
+from specactor_engine.model.draft_vocab import install_subset_head, load_draft_vocab
 from specactor_engine.model.kv_cache import KVCache
 from specactor_engine.model.packed_linear import PackedLinear, packing_supported
 

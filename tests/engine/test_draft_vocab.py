@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from specactor_engine.drafters.draft_vocab import (DRAFT_VOCAB_FILE, SubsetHead, choose_draft_vocab, install_subset_head,
+from specactor_engine.model.draft_vocab import (DRAFT_VOCAB_FILE, SubsetHead, choose_draft_vocab, install_subset_head,
                                           load_draft_vocab, save_draft_vocab)
 from specactor_engine.drafters.model import ModelDrafter
 from specactor_engine.model.runner import load_hf_model
