@@ -233,7 +233,7 @@ class SamplingConfig(_Frozen):
 
 
 class DataConfig(_Frozen):
-    """Where the training prompts come from (reasoning-gym tasks or a local dataset)."""
+    """Where the training prompts come from (reasoning-gym tasks or a local dataset); tasks/data.py loads it."""
 
     kind: Literal["reasoning_gym", "jsonl", "parquet", "hf_disk"] = Field(
         "reasoning_gym", description="Prompt source: generated reasoning-gym tasks or a local file/dir.")
@@ -243,6 +243,10 @@ class DataConfig(_Frozen):
     prompt_column: str = Field("prompt", description="Column with the prompt text or chat messages.")
     answer_column: str = Field("answer", description="Column with the reference answer.")
     id_column: str | None = Field(None, description="Column with row ids (None: generated).")
+    task_column: str | None = Field(None, description="Column with each row's task name (None: '').")
+    instruction: str | None = Field(
+        None, description="Appended (after a blank line) to string prompts of local data; chat prompts are kept.")
+    split: str = Field("train", description="The split to read when `path` is a saved HF DatasetDict.")
     eval_fraction: float = Field(0.1, ge=0, lt=1, description="Share of prompts held out for evaluation.")
     seed: int = Field(0, ge=0, description="Seed for generation, the split and the per-epoch shuffle.")
 
@@ -250,21 +254,42 @@ class DataConfig(_Frozen):
     def _path_for_local(self) -> DataConfig:
         if self.kind != "reasoning_gym" and not self.path:
             raise ValueError(f"data.kind '{self.kind}' needs data.path")
+        if self.kind == "reasoning_gym" and not self.tasks:
+            raise ValueError("data.kind 'reasoning_gym' needs data.tasks (reasoning-gym task names)")
         return self
 
 
 class OptimConfig(_Frozen):
-    """Policy update: GRPO loss and the DeepSpeed engine."""
+    """Policy update: GRPO loss and the DeepSpeed engine (the settings of tasks/trainer.py's PolicyTrainer)."""
 
     lr: float = Field(1e-5, gt=0, description="AdamW learning rate.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    betas: tuple[float, float] = Field(
+        (0.9, 0.999), strict=False, description="AdamW betas, each in [0, 1) (a YAML list of two numbers).")
     grad_clip: float = Field(1.0, gt=0, description="Gradient norm clip.")
-    clip_eps: float = Field(0.2, gt=0, description="PPO/GRPO ratio clip.")
+    clip_eps: float = Field(0.2, gt=0, lt=1, description="PPO/GRPO ratio clip below (and above, unless clip_eps_high).")
+    clip_eps_high: float | None = Field(None, gt=0, description="Upper ratio clip (DAPO clip-higher); None: clip_eps.")
     kl_coef: float = Field(0.0, ge=0, description="KL-to-reference coefficient (0: no reference model).")
+    loss_agg: Literal["token_mean", "seq_mean"] = Field(
+        "token_mean", description="Loss aggregation: mean over output tokens (DAPO) or over sequences.")
     zero_stage: int = Field(2, ge=0, le=3, description="DeepSpeed ZeRO stage.")
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         "float32", description="Training dtype (float16 needs a GPU).")
     micro_batch_size: int = Field(8, ge=1, description="Sequences per forward/backward micro batch.")
+    backend: Literal["auto", "gloo", "nccl"] = Field(
+        "auto", description="torch.distributed backend; 'auto': nccl with CUDA, gloo on CPU.")
+
+    @field_validator("betas")
+    @classmethod
+    def _check_betas(cls, betas: tuple[float, float]) -> tuple[float, float]:
+        if not all(0 <= beta < 1 for beta in betas):
+            raise ValueError(f"each beta must be in [0, 1), got {betas}")
+        return betas
+
+    @property
+    def use_reference(self) -> bool:
+        """A frozen copy of the initial policy is kept for the KL term."""
+        return self.kl_coef > 0
 
 
 class DrafterSyncConfig(_Frozen):

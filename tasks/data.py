@@ -2,8 +2,10 @@
 
 Every source becomes one `datasets.Dataset` with the columns
 `id` (str, unique), `messages` (chat list of {role, content}), `answer` (str) and `task` (str, "" for
-local data). Problems with the source (missing file, missing column, empty prompt, duplicate id) raise
-before anything else runs. `batch_for_step` picks each step's prompts deterministically from a seed.
+local data). The source is the validated `DataConfig` (specactor_engine/config.py, the run config's
+train.data). Problems with the source (unknown task, missing file, missing column, empty prompt,
+duplicate id) raise before anything else runs. `batch_for_step` picks each step's prompts
+deterministically from a seed.
 """
 
 from __future__ import annotations
@@ -12,18 +14,17 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from specactor_engine.config import DataConfig
 from specactor_engine.files import atomic_writer
 from tasks.prompts import SUPPORTED_TASKS, build_prompt, reasoning_gym_items
 
 if TYPE_CHECKING:
     from datasets import Dataset
 
-SourceKind = Literal["reasoning_gym", "jsonl", "parquet", "hf_disk"]
 _FILE_SUFFIXES = {"jsonl": (".jsonl", ".json"), "parquet": (".parquet",)}
 _HF_OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 
@@ -32,42 +33,16 @@ class DataError(ValueError):
     """A prompt source that cannot be used; the message names the file and what is wrong."""
 
 
-class PromptSource(BaseModel):
-    """Where the prompts come from. reasoning_gym: `tasks`, `count_per_task`, `seed`; else `path` and columns.
-
-    `instruction` is appended (after a blank line) to string prompts of local data; `task_column`
-    (optional) fills `task`; `split` picks a split when `path` is a saved `DatasetDict`.
-    """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    kind: SourceKind
-    tasks: tuple[str, ...] = ()
-    count_per_task: int = Field(100, ge=1)
-    seed: int = 0
-    path: Path | None = None
-    prompt_column: str = "prompt"
-    answer_column: str = "answer"
-    id_column: str | None = None
-    task_column: str | None = None
-    instruction: str | None = None
-    split: str = "train"
-
-    @model_validator(mode="after")
-    def _fields_for_kind(self) -> PromptSource:
-        if self.kind == "reasoning_gym":
-            if not self.tasks:
-                raise ValueError(f"a reasoning_gym source needs 'tasks' (any of: {', '.join(SUPPORTED_TASKS)})")
-            unknown = [task for task in self.tasks if task not in SUPPORTED_TASKS]
-            if unknown:
-                raise ValueError(f"unknown task(s) {unknown}; expected any of: {', '.join(SUPPORTED_TASKS)}")
-        elif self.path is None:
-            raise ValueError(f"a {self.kind} source needs 'path'")
-        return self
+def check_source(source: DataConfig) -> None:
+    """Refuse reasoning-gym task names this project cannot generate (the config checks the rest)."""
+    unknown = [task for task in source.tasks if task not in SUPPORTED_TASKS] if source.kind == "reasoning_gym" else []
+    if unknown:
+        raise DataError(f"unknown task(s) {unknown}; expected any of: {', '.join(SUPPORTED_TASKS)}")
 
 
-def load_prompt_dataset(source: PromptSource) -> Dataset:
-    """The prompts of `source` as a Dataset with columns id, messages, answer, task."""
+def load_prompt_dataset(source: DataConfig) -> Dataset:
+    """The prompts of `source` (the run config's train.data) as a Dataset with columns id, messages, answer, task."""
+    check_source(source)
     if source.kind == "reasoning_gym":
         return _to_dataset(_reasoning_gym_rows(source))
     raw, where = _read_local(source)
@@ -118,7 +93,7 @@ def write_prompt_file(ds: Dataset, path: str | Path) -> Path:
     return target
 
 
-def _reasoning_gym_rows(source: PromptSource) -> list[dict[str, Any]]:
+def _reasoning_gym_rows(source: DataConfig) -> list[dict[str, Any]]:
     return [
         {"id": item["id"], "messages": build_prompt(item["question"]), "answer": item["answer"], "task": task}
         for task in source.tasks
@@ -126,7 +101,7 @@ def _reasoning_gym_rows(source: PromptSource) -> list[dict[str, Any]]:
     ]
 
 
-def _read_local(source: PromptSource) -> tuple[Dataset, str]:
+def _read_local(source: DataConfig) -> tuple[Dataset, str]:
     """The raw table at `source.path` and a name for it in messages."""
     path = Path(source.path)  # type: ignore[arg-type]  # the validator ensures a path
     if not path.exists():
@@ -161,7 +136,7 @@ def _pick_split(loaded: Any, split: str, path: Path) -> Dataset:
     return loaded[split]
 
 
-def _local_rows(raw: Dataset, source: PromptSource, where: str) -> list[dict[str, Any]]:
+def _local_rows(raw: Dataset, source: DataConfig, where: str) -> list[dict[str, Any]]:
     wanted = [source.prompt_column, source.answer_column, source.id_column, source.task_column]
     for column in filter(None, wanted):
         if column not in raw.column_names:
@@ -185,7 +160,7 @@ def _local_rows(raw: Dataset, source: PromptSource, where: str) -> list[dict[str
     return rows
 
 
-def _row_id(record: dict[str, Any], index: int, source: PromptSource, where: str) -> str:
+def _row_id(record: dict[str, Any], index: int, source: DataConfig, where: str) -> str:
     if source.id_column is None:
         return f"{Path(where).stem}-{index}"
     if record[source.id_column] is None:
@@ -193,7 +168,7 @@ def _row_id(record: dict[str, Any], index: int, source: PromptSource, where: str
     return str(record[source.id_column])
 
 
-def _messages(prompt: Any, source: PromptSource, where: str) -> list[dict[str, str]]:
+def _messages(prompt: Any, source: DataConfig, where: str) -> list[dict[str, str]]:
     """A string prompt becomes one user message (plus the instruction); a message list is kept."""
     if isinstance(prompt, str) and prompt.strip():
         content = f"{prompt}\n\n{source.instruction}" if source.instruction else prompt

@@ -55,29 +55,10 @@ def build_host(run_root: str, config: Any, with_trainer: bool = True) -> RunHost
         load_drafters(host, run.checkpoint(version), version)
     trainer = None
     if with_trainer:
-        trainer = PolicyTrainer(AutoModelForCausalLM.from_pretrained(source, dtype="float32"), trainer_config(config))
+        trainer = PolicyTrainer(AutoModelForCausalLM.from_pretrained(source, dtype="float32"), config.train.optim,
+                                temperature=config.sampling.temperature, seed=config.sampling.seed)
     host.trainer = trainer
     return set_host(run_root, host)
-
-
-def trainer_config(config: Any) -> Any:
-    """The trainer's own config from the run config's train.optim section."""
-    from tasks.trainer import TrainerConfig
-
-    optim = config.train.optim
-    return TrainerConfig(lr=optim.lr, weight_decay=optim.weight_decay, grad_clip=optim.grad_clip,
-                         zero_stage=optim.zero_stage, dtype=optim.dtype, micro_batch_size=optim.micro_batch_size,
-                         temperature=config.sampling.temperature, clip_eps=optim.clip_eps, kl_coef=optim.kl_coef,
-                         use_reference=optim.kl_coef > 0, seed=config.sampling.seed)
-
-
-def prompt_source(data: Any) -> Any:
-    """The data loader's source description from the run config's train.data section."""
-    from tasks.data import PromptSource
-
-    return PromptSource(kind=data.kind, tasks=tuple(data.tasks), count_per_task=data.count_per_task, seed=data.seed,
-                        path=data.path, prompt_column=data.prompt_column, answer_column=data.answer_column,
-                        id_column=data.id_column)
 
 
 def run_config(run_root: str) -> Any:
@@ -104,7 +85,7 @@ def load_prompts(run_root: str) -> dict[str, Any]:
     if run.data("train").exists():
         return {"train": str(run.data("train")), "eval": str(run.data("eval"))}
     data_cfg = run_config(run_root).train.data
-    dataset = load_prompt_dataset(prompt_source(data_cfg))
+    dataset = load_prompt_dataset(data_cfg)
     train, evaluation = train_eval_split(dataset, data_cfg.eval_fraction, data_cfg.seed)
     write_jsonl(run.data("eval"), evaluation.to_list())
     write_jsonl(run.data("train"), train.to_list())

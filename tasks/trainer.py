@@ -1,7 +1,8 @@
 """The policy trainer: GRPO updates of a Hugging Face causal LM on a DeepSpeed engine.
 
-`PolicyTrainer(model, cfg)` owns one DeepSpeed engine (ZeRO stage from the config; gloo on
-CPU, NCCL on GPU, the same code) and knows nothing about rollouts beyond `RolloutBatch`:
+`PolicyTrainer(model, optim, temperature=..., seed=...)` owns one DeepSpeed engine, configured by
+the validated `OptimConfig` (specactor_engine/config.py: ZeRO stage, dtype, GRPO loss; gloo on CPU,
+NCCL on GPU, the same code) and knows nothing about rollouts beyond `RolloutBatch`:
 token ids, the engine's logprobs of the emitted tokens and one advantage per sample.
 One `step(batch)` is one optimizer update, accumulated over micro-batches so that the loss
 is the same as for the whole batch at once. Weights leave the trainer as (HF name, tensor)
@@ -20,14 +21,15 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from safetensors.torch import load_file
 from torch import nn
 
-from tasks.grpo import LOSS_AGGREGATIONS, entropy_from_logits, grpo_loss, token_logprobs_from_logits
+from specactor_engine.config import OptimConfig
+from specactor_engine.files import fsync_dir
+from tasks.grpo import entropy_from_logits, grpo_loss, token_logprobs_from_logits
 
 logger = logging.getLogger(__name__)
 
@@ -39,49 +41,6 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 class TrainerConfigError(ValueError):
     """A trainer setting this machine cannot run; the message is meant for the user."""
-
-
-class TrainerConfig(BaseModel):
-    """Optimizer, DeepSpeed and GRPO-loss settings of the policy update."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    lr: float = Field(1e-6, gt=0, description="AdamW learning rate.")
-    weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay.")
-    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
-    grad_clip: float = Field(1.0, ge=0, description="Clip the global gradient norm to this (0 = off).")
-    zero_stage: int = Field(2, ge=0, le=3, description="DeepSpeed ZeRO stage.")
-    dtype: Literal["float32", "bfloat16", "float16"] = Field(
-        "float32", description="Training dtype; float16 needs a GPU (use bfloat16 or float32 on CPU).")
-    micro_batch_size: int = Field(8, ge=1, description="Sequences per forward/backward; gradients accumulate.")
-    temperature: float = Field(1.0, ge=0, description="Rollout temperature; logprobs use logits / T (0: greedy, T=1).")
-    clip_eps: float = Field(0.2, gt=0, lt=1, description="PPO clip range below (and above, unless clip_eps_high).")
-    clip_eps_high: float | None = Field(None, gt=0, description="Upper clip range (DAPO clip-higher); None: clip_eps.")
-    kl_coef: float = Field(0.0, ge=0, description="Weight of the k3 KL penalty to the reference policy.")
-    use_reference: bool = Field(False, description="Keep a frozen copy of the initial policy for the KL term.")
-    loss_agg: str = Field("token_mean", description="Loss aggregation: 'token_mean' (DAPO) or 'seq_mean'.")
-    seed: int = Field(0, ge=0, description="Seeds torch's global RNG when the trainer is built.")
-    backend: Literal["auto", "gloo", "nccl"] = Field("auto", description="'auto': nccl with CUDA, gloo on CPU.")
-
-    @field_validator("betas")
-    @classmethod
-    def _check_betas(cls, betas: tuple[float, float]) -> tuple[float, float]:
-        if not all(0 <= beta < 1 for beta in betas):
-            raise ValueError(f"each beta must be in [0, 1), got {betas}")
-        return betas
-
-    @field_validator("loss_agg")
-    @classmethod
-    def _check_loss_agg(cls, name: str) -> str:
-        if name not in LOSS_AGGREGATIONS:
-            raise ValueError(f"unknown loss aggregation {name!r}; expected one of: {', '.join(LOSS_AGGREGATIONS)}")
-        return name
-
-    @model_validator(mode="after")
-    def _check_kl(self) -> TrainerConfig:
-        if self.kl_coef > 0 and not self.use_reference:
-            raise ValueError("kl_coef > 0 needs use_reference: true (the KL is measured to the reference policy)")
-        return self
 
 
 @dataclass(frozen=True)
@@ -180,15 +139,15 @@ def output_logprobs(model: nn.Module, micro: _MicroBatch, temperature: float,
         return logprobs, entropy_from_logits(picked, temperature)
 
 
-def check_device_support(cfg: TrainerConfig, cuda_available: bool | None = None) -> None:
+def check_device_support(cfg: OptimConfig, cuda_available: bool | None = None) -> None:
     """Refuse settings this machine cannot run, before any work (fp16 needs a GPU)."""
     cuda = torch.cuda.is_available() if cuda_available is None else cuda_available
     if cfg.dtype == "float16" and not cuda:
         raise TrainerConfigError(
-            "trainer.dtype: 'float16' cannot run on CPU: DeepSpeed's fp16 training (loss scaling, fused "
+            "train.optim.dtype: 'float16' cannot run on CPU: DeepSpeed's fp16 training (loss scaling, fused "
             "fp16 optimizer) needs a GPU. Use dtype 'bfloat16' or 'float32' on CPU.")
     if cfg.backend == "nccl" and not cuda:
-        raise TrainerConfigError("trainer.backend: 'nccl' needs CUDA; use 'auto' or 'gloo' on CPU.")
+        raise TrainerConfigError("train.optim.backend: 'nccl' needs CUDA; use 'auto' or 'gloo' on CPU.")
 
 
 def resolve_backend(backend: str) -> str:
@@ -220,7 +179,7 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def deepspeed_config(cfg: TrainerConfig) -> dict[str, Any]:
+def deepspeed_config(cfg: OptimConfig) -> dict[str, Any]:
     """The DeepSpeed config for `cfg`: the client owns the accumulation boundary (one step per batch)."""
     return {
         "train_micro_batch_size_per_gpu": cfg.micro_batch_size,
@@ -239,13 +198,16 @@ class PolicyTrainer:
     """GRPO updates of `model` (an HF causal LM) on a DeepSpeed engine.
 
     The trainer takes ownership of `model`: it is cast to `cfg.dtype` and wrapped (under ZeRO-3,
-    partitioned) in place. Every rank of a multi-process group must make the same calls.
+    partitioned) in place. `temperature` is the rollout's sampling temperature (logprobs use
+    logits / T, as the engine's do; 0: greedy, T=1); `seed` seeds torch's global RNG. Every rank
+    of a multi-process group must make the same calls.
     """
 
-    def __init__(self, model: nn.Module, cfg: TrainerConfig) -> None:
+    def __init__(self, model: nn.Module, cfg: OptimConfig, *, temperature: float, seed: int) -> None:
         check_device_support(cfg)
         self.cfg = cfg
-        torch.manual_seed(cfg.seed)
+        self.temperature = temperature
+        torch.manual_seed(seed)
         init_distributed(cfg.backend)
         import deepspeed
 
@@ -288,7 +250,7 @@ class PolicyTrainer:
         self.engine.eval()
         rows: list[list[float]] = []
         for part in self._micro_batches(batch):
-            logprobs, _ = output_logprobs(self.engine, collate(part, self.engine.device), self.cfg.temperature)
+            logprobs, _ = output_logprobs(self.engine, collate(part, self.engine.device), self.temperature)
             rows.extend(row[:len(out)] for row, out in zip(logprobs.tolist(), part.output_token_ids))
         return rows
 
@@ -336,11 +298,11 @@ class PolicyTrainer:
             yield batch.select(range(start, min(start + size, len(batch))))
 
     def _micro_loss(self, micro: _MicroBatch) -> tuple[torch.Tensor, dict[str, float]]:
-        new_logprobs, entropy = output_logprobs(self.engine, micro, self.cfg.temperature, with_entropy=True)
+        new_logprobs, entropy = output_logprobs(self.engine, micro, self.temperature, with_entropy=True)
         ref_logprobs = None
         if self.reference is not None:
             with torch.no_grad():
-                ref_logprobs, _ = output_logprobs(self.reference, micro, self.cfg.temperature)
+                ref_logprobs, _ = output_logprobs(self.reference, micro, self.temperature)
         return grpo_loss(new_logprobs, micro.old_logprobs, micro.advantages, micro.mask,
                          clip_eps=self.cfg.clip_eps, clip_eps_high=self.cfg.clip_eps_high,
                          ref_logprobs=ref_logprobs, kl_coef=self.cfg.kl_coef, loss_agg=self.cfg.loss_agg,
@@ -406,15 +368,7 @@ def _fsync_tree(directory: Path) -> None:
     for path in directory.iterdir():
         with path.open("rb") as handle:
             os.fsync(handle.fileno())
-    _fsync_dir(directory)
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_dir(directory)
 
 
 def _replace_dir(staging: Path, directory: Path) -> None:
@@ -424,5 +378,5 @@ def _replace_dir(staging: Path, directory: Path) -> None:
         shutil.rmtree(backup, ignore_errors=True)  # left by an earlier swap that completed
         os.rename(directory, backup)
     os.rename(staging, directory)
-    _fsync_dir(directory.parent)
+    fsync_dir(directory.parent)
     shutil.rmtree(backup, ignore_errors=True)

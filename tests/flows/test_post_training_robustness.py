@@ -152,13 +152,13 @@ def test_decoupled_run_syncs_the_workers_drafter(tmp_path, prefect_harness, toy_
 
 def test_bad_input_fails_before_any_work(tmp_path, policy_dir):
     from flows.post_training import check_train_config
-    from specactor_engine.config import ConfigError, load_config
-    from tasks.data import DataError, PromptSource, load_prompt_dataset
+    from specactor_engine.config import ConfigError, DataConfig, load_config
+    from tasks.data import DataError, load_prompt_dataset
 
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"question": "2+2", "answer": "4"}\n')
     with pytest.raises(DataError, match="prompt"):
-        load_prompt_dataset(PromptSource(kind="jsonl", path=bad))
+        load_prompt_dataset(DataConfig(kind="jsonl", path=str(bad)))
     with pytest.raises(ValueError, match="unknown reward"):
         check_train_config(load_config(None, [f"model.target={policy_dir}", "train.rewards={nope: 1.0}"]))
     with pytest.raises(ConfigError, match="float16"):

@@ -5,10 +5,10 @@ from pathlib import Path
 import datasets
 import pytest
 
+from specactor_engine.config import DataConfig
 from specactor_engine.io import read_requests
 from tasks.data import (
     DataError,
-    PromptSource,
     batch_for_step,
     load_prompt_dataset,
     train_eval_split,
@@ -38,7 +38,7 @@ def _expected_local(stem: str, records: list[dict]) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def gym_ds() -> datasets.Dataset:
-    source = PromptSource(kind="reasoning_gym", tasks=["chain_sum", "gsm_symbolic"], count_per_task=10, seed=4)
+    source = DataConfig(kind="reasoning_gym", tasks=["chain_sum", "gsm_symbolic"], count_per_task=10, seed=4)
     return load_prompt_dataset(source)
 
 
@@ -53,7 +53,7 @@ def test_reasoning_gym_source(gym_ds):
 
 def test_jsonl_source(tmp_path):
     path = _write_jsonl(tmp_path / "toy.jsonl", RECORDS)
-    ds = load_prompt_dataset(PromptSource(kind="jsonl", path=path))
+    ds = load_prompt_dataset(DataConfig(kind="jsonl", path=str(path)))
     assert ds.column_names == COLUMNS
     assert ds.to_list() == _expected_local("toy", RECORDS)
 
@@ -62,23 +62,23 @@ def test_parquet_source_with_numeric_answers(tmp_path):
     datasets.Dataset.from_list([{"prompt": r["prompt"], "answer": int(r["answer"])} for r in RECORDS]).to_parquet(
         str(tmp_path / "toy.parquet")
     )
-    ds = load_prompt_dataset(PromptSource(kind="parquet", path=tmp_path / "toy.parquet"))
+    ds = load_prompt_dataset(DataConfig(kind="parquet", path=str(tmp_path / "toy.parquet")))
     assert ds.to_list() == _expected_local("toy", RECORDS)
 
 
 def test_saved_dataset_and_dataset_dict(tmp_path):
     datasets.Dataset.from_list(RECORDS).save_to_disk(str(tmp_path / "plain"))
-    assert load_prompt_dataset(PromptSource(kind="hf_disk", path=tmp_path / "plain")).to_list() == _expected_local(
+    assert load_prompt_dataset(DataConfig(kind="hf_disk", path=str(tmp_path / "plain"))).to_list() == _expected_local(
         "plain", RECORDS
     )
     splits = datasets.DatasetDict(
         {"train": datasets.Dataset.from_list(RECORDS[:2]), "test": datasets.Dataset.from_list(RECORDS[2:])}
     )
     splits.save_to_disk(str(tmp_path / "dict"))
-    loaded = load_prompt_dataset(PromptSource(kind="hf_disk", path=tmp_path / "dict", split="test"))
+    loaded = load_prompt_dataset(DataConfig(kind="hf_disk", path=str(tmp_path / "dict"), split="test"))
     assert loaded["answer"][:] == ["42"]
     with pytest.raises(DataError, match="no split 'valid'.*splits: train, test"):
-        load_prompt_dataset(PromptSource(kind="hf_disk", path=tmp_path / "dict", split="valid"))
+        load_prompt_dataset(DataConfig(kind="hf_disk", path=str(tmp_path / "dict"), split="valid"))
 
 
 def test_custom_columns_and_instruction(tmp_path):
@@ -87,9 +87,9 @@ def test_custom_columns_and_instruction(tmp_path):
         {"uid": 18, "question": "What is 3 * 3?", "solution": 9, "kind": "mul"},
     ]
     path = _write_jsonl(tmp_path / "custom.jsonl", records)
-    source = PromptSource(
+    source = DataConfig(
         kind="jsonl",
-        path=path,
+        path=str(path),
         prompt_column="question",
         answer_column="solution",
         id_column="uid",
@@ -114,7 +114,7 @@ def test_chat_prompts_are_kept_and_a_directory_is_read_in_name_order(tmp_path):
     ]
     _write_jsonl(tmp_path / "b.jsonl", [{"messages": chats[1], "answer": "8"}])
     _write_jsonl(tmp_path / "a.jsonl", [{"messages": chats[0], "answer": "6"}])
-    ds = load_prompt_dataset(PromptSource(kind="jsonl", path=tmp_path, prompt_column="messages", instruction="x"))
+    ds = load_prompt_dataset(DataConfig(kind="jsonl", path=str(tmp_path), prompt_column="messages", instruction="x"))
     assert ds["messages"][:] == chats  # chat prompts are used as they are, without the instruction
     assert ds["answer"][:] == ["6", "8"]
 
@@ -122,47 +122,48 @@ def test_chat_prompts_are_kept_and_a_directory_is_read_in_name_order(tmp_path):
 def test_missing_column_names_file_column_and_available_columns(tmp_path):
     path = _write_jsonl(tmp_path / "qa.jsonl", [{"question": "1 + 1?", "answer": "2"}])
     with pytest.raises(DataError) as error:
-        load_prompt_dataset(PromptSource(kind="jsonl", path=path))
+        load_prompt_dataset(DataConfig(kind="jsonl", path=str(path)))
     message = str(error.value)
     assert str(path) in message and "no column 'prompt'" in message and "available columns: question, answer" in message
 
     with pytest.raises(DataError, match="no column 'solution'"):
-        load_prompt_dataset(PromptSource(kind="jsonl", path=path, prompt_column="question", answer_column="solution"))
+        load_prompt_dataset(DataConfig(kind="jsonl", path=str(path), prompt_column="question",
+                                       answer_column="solution"))
 
 
 def test_row_without_answer_or_prompt_is_refused(tmp_path):
     path = _write_jsonl(tmp_path / "holes.jsonl", [RECORDS[0], {"prompt": "What is 3 + 3?"}])
     with pytest.raises(DataError, match=r"holes\.jsonl: row 1: no answer in column 'answer'"):
-        load_prompt_dataset(PromptSource(kind="jsonl", path=path))
+        load_prompt_dataset(DataConfig(kind="jsonl", path=str(path)))
     path = _write_jsonl(tmp_path / "blank.jsonl", [RECORDS[0], {"prompt": "  ", "answer": "1"}])
     with pytest.raises(DataError, match=r"blank\.jsonl: row 1: no prompt in column 'prompt'"):
-        load_prompt_dataset(PromptSource(kind="jsonl", path=path))
+        load_prompt_dataset(DataConfig(kind="jsonl", path=str(path)))
 
 
 def test_bad_sources_fail_with_clear_messages(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
-        load_prompt_dataset(PromptSource(kind="parquet", path=tmp_path / "absent.parquet"))
+        load_prompt_dataset(DataConfig(kind="parquet", path=str(tmp_path / "absent.parquet")))
     duplicate = _write_jsonl(tmp_path / "dup.jsonl", [{**RECORDS[0], "id": "a"}, {**RECORDS[1], "id": "a"}])
     with pytest.raises(DataError, match="duplicate id 'a'"):
-        load_prompt_dataset(PromptSource(kind="jsonl", path=duplicate, id_column="id"))
+        load_prompt_dataset(DataConfig(kind="jsonl", path=str(duplicate), id_column="id"))
     (tmp_path / "broken.jsonl").write_text("{not json\n", encoding="utf-8")
     with pytest.raises(DataError, match="broken.jsonl: cannot read as jsonl"):
-        load_prompt_dataset(PromptSource(kind="jsonl", path=tmp_path / "broken.jsonl"))
+        load_prompt_dataset(DataConfig(kind="jsonl", path=str(tmp_path / "broken.jsonl")))
 
 
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
-        ({"kind": "reasoning_gym"}, "needs 'tasks'"),
+        ({"kind": "reasoning_gym", "tasks": []}, "needs data.tasks"),
         ({"kind": "reasoning_gym", "tasks": ["chain_sum", "sudoku"]}, "unknown task"),
-        ({"kind": "jsonl"}, "needs 'path'"),
+        ({"kind": "jsonl"}, "needs data.path"),
         ({"kind": "csv", "path": "x.csv"}, "kind"),
         ({"kind": "jsonl", "path": "x.jsonl", "prompt_col": "q"}, "prompt_col"),
     ],
 )
 def test_prompt_source_is_validated(fields, message):
     with pytest.raises(ValueError, match=message):
-        PromptSource(**fields)
+        load_prompt_dataset(DataConfig(**fields))
 
 
 def test_split_is_deterministic_disjoint_and_order_free(gym_ds):

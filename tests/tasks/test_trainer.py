@@ -5,6 +5,7 @@ Every trainer in this module shares one process group; DeepSpeed is initialised 
 
 import math
 import os
+from typing import get_args
 
 import pytest
 import torch
@@ -12,11 +13,11 @@ from pydantic import ValidationError
 from transformers import AutoModelForCausalLM
 
 import tasks.trainer as trainer_module
-from tasks.grpo import group_advantages, grpo_loss
+from specactor_engine.config import OptimConfig, load_config
+from tasks.grpo import LOSS_AGGREGATIONS, group_advantages, grpo_loss
 from tasks.trainer import (
     PolicyTrainer,
     RolloutBatch,
-    TrainerConfig,
     TrainerConfigError,
     collate,
     output_logprobs,
@@ -33,9 +34,9 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-def _trainer(seed: int = 0, **overrides) -> PolicyTrainer:
+def _trainer(seed: int = 0, temperature: float = 1.0, **overrides) -> PolicyTrainer:
     settings = {"lr": 1e-3, "zero_stage": 2, "micro_batch_size": 4, **overrides}
-    return PolicyTrainer(make_tiny_model("llama", seed=seed), TrainerConfig(**settings))
+    return PolicyTrainer(make_tiny_model("llama", seed=seed), OptimConfig(**settings), temperature=temperature, seed=0)
 
 
 def _weights(trainer: PolicyTrainer) -> dict[str, torch.Tensor]:
@@ -49,18 +50,24 @@ def _on_policy(trainer: PolicyTrainer, batch: RolloutBatch) -> RolloutBatch:
 
 def test_config_errors_name_the_field():
     with pytest.raises(ValidationError, match="lr"):
-        TrainerConfig(lr=0)
+        OptimConfig(lr=0)
     with pytest.raises(ValidationError, match="zero_stage"):
-        TrainerConfig(zero_stage=4)
+        OptimConfig(zero_stage=4)
     with pytest.raises(ValidationError, match="learning_rate"):
-        TrainerConfig(learning_rate=1e-3)
-    with pytest.raises(ValidationError, match="use_reference"):
-        TrainerConfig(kl_coef=0.1)
+        OptimConfig(learning_rate=1e-3)
     with pytest.raises(ValidationError, match="loss_agg"):
-        TrainerConfig(loss_agg="sum")
+        OptimConfig(loss_agg="sum")
     with pytest.raises(ValidationError, match="dtype"):
-        TrainerConfig(dtype="float8")
-    assert TrainerConfig(lr="1e-3", betas=[0.9, 0.95]).betas == (0.9, 0.95)  # YAML-style input coerces
+        OptimConfig(dtype="float8")
+    with pytest.raises(ValidationError, match="clip_eps"):
+        OptimConfig(clip_eps=1.0)
+    with pytest.raises(ValidationError, match="beta"):
+        OptimConfig(betas=(0.9, 1.0))
+    assert OptimConfig(betas=[0.9, 0.95]).betas == (0.9, 0.95)  # a YAML list coerces
+    overrides = ["model.target=x", "train.optim.betas=[0.9, 0.95]", "train.optim.kl_coef=0.1"]
+    optim = load_config(None, overrides).train.optim
+    assert optim.betas == (0.9, 0.95) and optim.use_reference and not OptimConfig().use_reference
+    assert set(get_args(OptimConfig.model_fields["loss_agg"].annotation)) == set(LOSS_AGGREGATIONS)
 
 
 def test_fp16_on_cpu_is_refused_before_any_work(monkeypatch):
@@ -71,7 +78,7 @@ def test_fp16_on_cpu_is_refused_before_any_work(monkeypatch):
     model = make_tiny_model("llama", seed=0)
     before = next(model.parameters()).dtype
     with pytest.raises(TrainerConfigError, match="float16") as excinfo:
-        PolicyTrainer(model, TrainerConfig(dtype="float16"))
+        PolicyTrainer(model, OptimConfig(dtype="float16"), temperature=1.0, seed=0)
     message = str(excinfo.value)
     assert "cannot run on CPU" in message and "bfloat16" in message and "float32" in message
     assert next(model.parameters()).dtype == before  # the model was not touched either
@@ -153,7 +160,7 @@ def test_bf16_zero2_update_runs_and_keeps_bf16_weights():
 
 
 def test_kl_to_the_reference_starts_at_zero_and_grows():
-    trainer = _trainer(seed=0, use_reference=True, kl_coef=0.1, lr=1e-2)
+    trainer = _trainer(seed=0, kl_coef=0.1, lr=1e-2)
     batch = _on_policy(trainer, RolloutBatch.make_dummy(num_samples=4))
     assert trainer.step(batch)["kl"] == 0.0
     assert trainer.step(batch)["kl"] > 0.0
@@ -174,7 +181,7 @@ def test_grpo_learns_to_emit_a_target_token():
     in 12 steps (seeds 1-4 of this set-up needed 8-11 steps).
     """
     model = make_tiny_model("llama", seed=0, init_range=0.1)  # less peaky than the default 0.3
-    trainer = PolicyTrainer(model, TrainerConfig(lr=1e-2, zero_stage=2, micro_batch_size=16))
+    trainer = PolicyTrainer(model, OptimConfig(lr=1e-2, zero_stage=2, micro_batch_size=16), temperature=1.0, seed=0)
     gen = torch.Generator().manual_seed(0)
     prompts = torch.randint(0, 256, (4, 5), generator=gen)
     targets = torch.arange(ord("A"), ord("Z") + 1)
