@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +21,7 @@ from rich.table import Table
 
 from specactor_engine.config import ConfigError, Dtype, SpecActorConfig, config_to_yaml, load_config
 from specactor_engine.io import PromptFileError, read_requests, write_outputs, write_stats
+from specactor_engine.training.report import PhaseProgress
 from specactor_engine.types import Request, RolloutResult
 
 USER_ERROR_EXIT_CODE = 2
@@ -298,133 +298,39 @@ def drafter_distill(
     cache_dir: CacheDirOption = None,
 ) -> None:
     """Distil a draft model from a target on its own samples (progress bar, resumable, HF output)."""
-    import torch
-    from transformers import AutoTokenizer
+    from specactor_engine.training.job import DistillJob, run_distill
+    from specactor_engine.training.samples import DistillDataError
 
-    from specactor_engine.drafters.draft_vocab import SubsetHead, choose_draft_vocab, install_subset_head
-    from specactor_engine.training.offline import (STATE_FILE, DistillDataError, DistillSettings, distill,
-                                                   load_or_compute_teacher, truncated_copy)
-    from specactor_engine.drafters.model import check_same_tokenizer
-    from specactor_engine.model.runner import load_hf_model
-    from specactor_engine.model.registry import resolve_model
-    from specactor_engine.training.on_policy import StudentRounds, StudentSampler, prompts_of
-
-    if (init is None) == (init_layers is None) and not (out / STATE_FILE).exists():
-        _fail("give exactly one of --init and --init-layers (or --out of a run to resume)")
-    if init_layers is not None and freeze_layers >= init_layers:
-        _fail(f"--freeze-layers {freeze_layers} leaves nothing to train in a {init_layers}-layer drafter")
-    if loss == "coupled" and not soft_top_k:
-        _fail("--loss coupled needs --soft-top-k > 0: the acceptance probability is computed from the target's top-k")
-    if student_rounds and not soft_top_k:
-        _fail("--student-rounds needs --soft-top-k > 0: the drafter's own samples are labelled by the target's top-k")
+    job = DistillJob(target=target, data=data, out=out, init=init, init_layers=init_layers, dtype=dtype,
+                     cache_dir=cache_dir, steps=steps, batch_size=batch_size, lr=lr, save_every=save_every,
+                     max_minutes=max_minutes, samples=samples, max_new_tokens=max_new_tokens, seed=seed,
+                     soft_top_k=soft_top_k, draft_vocab=draft_vocab, freeze_embeddings=freeze_embeddings,
+                     bf16_autocast=bf16_autocast, lr_decay=lr_decay, student_rounds=student_rounds,
+                     student_samples=student_samples, loss=loss, kl_weight=kl_weight, freeze_layers=freeze_layers)
     with user_errors(DistillDataError, ValueError):
-        target_path = resolve_model(target, dtype=dtype, cache_dir=cache_dir)
-        tokenizer = AutoTokenizer.from_pretrained(target_path)
-        target_model = load_hf_model(target_path, dtype)
-        if (out / STATE_FILE).exists():
-            console.print(f"resuming the drafter in {out}", highlight=False)
-            model = load_hf_model(out, dtype)
-        elif init is not None:
-            init_path = resolve_model(init, dtype=dtype, cache_dir=cache_dir)
-            check_same_tokenizer(tokenizer, AutoTokenizer.from_pretrained(init_path), init)
-            model = load_hf_model(init_path, dtype)
-        else:
-            model = truncated_copy(target_model, int(init_layers or 0))
-        started = time.monotonic()
-        autocast = torch.bfloat16 if bf16_autocast and dtype == "float32" else None
-        pairs = _distill_pairs(data, out, target_model, tokenizer, samples, max_new_tokens, seed, soft_top_k,
-                               sample_dtype=autocast)
-        soft = None
-        if soft_top_k > 0:
-            with _progress() as progress:
-                task = progress.add_task("target top-k", total=len(pairs), loss=float("nan"))
-                soft = load_or_compute_teacher(out, target_model, pairs, soft_top_k, autocast=autocast,
-                                               on_batch=lambda done: progress.update(task, completed=done))
-        vocab = model.lm_head.weight.shape[0]
-        if draft_vocab and draft_vocab < vocab and not isinstance(model.lm_head, SubsetHead):
-            masses = [(ids, values.float().exp()) for ids, values in soft] if soft is not None else \
-                [(torch.tensor(o), torch.ones(len(o))) for _, o in pairs]
-            ids = choose_draft_vocab(masses, [p for p, _ in pairs], draft_vocab, vocab,
-                                     always=_special_ids(tokenizer))
-            install_subset_head(model, ids)
-            console.print(f"draft head over {len(ids)} of {vocab} tokens", highlight=False)
-        # the time budget covers the whole command: sampling and the teacher pass count against it
-        budget = max_minutes * 60 - (time.monotonic() - started) if max_minutes is not None else None
-        settings = DistillSettings(steps=steps, batch_size=batch_size, lr=lr, save_every=save_every, seed=seed,
-                                   max_seconds=max(budget, 0.0) if budget is not None else None,
-                                   freeze_embeddings=freeze_embeddings, autocast=autocast, lr_decay=lr_decay,
-                                   loss=loss, kl_weight=kl_weight, freeze_layers=freeze_layers)
-        student = None
-        if student_rounds:
-            rounds = StudentRounds(student_rounds, student_samples, max_new_tokens, soft_top_k, seed)
-            student = StudentSampler(model, target_model, tokenizer, prompts_of(pairs), rounds, out, autocast)
-        with _progress() as progress:
-            task = progress.add_task("distilling", total=steps, loss=float("nan"))
-            result = distill(model, tokenizer, pairs, out, settings, soft=soft, student=student,
-                             on_step=lambda step, loss: progress.update(task, completed=step, loss=loss))
-    first, last = result["loss_first"], result["loss_last"]
-    console.print(f"drafter saved to {out} after {result['steps']} steps "
-                  f"({result['trained_steps']} now, {result['seconds']:.0f} s, "
-                  f"{result['student_rounds']} on-policy rounds"
+        result = run_distill(job, _ConsoleReporter())
+    first, last = result.loss_first, result.loss_last
+    console.print(f"drafter saved to {out} after {result.steps} steps "
+                  f"({result.trained_steps} now, {result.seconds:.0f} s, "
+                  f"{result.student_rounds} on-policy rounds"
                   + (f", loss {first:.3f} -> {last:.3f}" if first is not None else "") + ")", highlight=False)
 
 
-def _special_ids(tokenizer: object) -> list[int]:
-    """Token ids a drafter head must always cover (end of sequence and the other special tokens)."""
-    ids = set(getattr(tokenizer, "all_special_ids", []) or [])
-    if getattr(tokenizer, "eos_token_id", None) is not None:
-        ids.add(tokenizer.eos_token_id)
-    return sorted(ids)
+class _ConsoleReporter:
+    """A training job's notes as console lines and its phases as progress bars (with the loss)."""
 
+    def note(self, message: str) -> None:
+        console.print(message, highlight=False)
 
-def _distill_pairs(data: Path, out: Path, target_model: object, tokenizer: object, samples: int,
-                   max_new_tokens: int, seed: int, soft_top_k: int = 0,
-                   sample_dtype: object = None) -> list[tuple[list[int], list[int]]]:
-    """Training pairs from rollout records, or from rolling out a prompt file (kept in out/ for resumes).
+    @contextlib.contextmanager
+    def phase(self, name: str, total: int) -> Iterator[PhaseProgress]:
+        with _progress() as progress:
+            task = progress.add_task(name, total=total, loss=float("nan"))
 
-    A rollout of prompts also keeps the target's top-`soft_top_k` log-probs at every sampled position
-    (the engine computes them anyway) as the soft-target cache, so no separate teacher pass is needed.
-    sample_dtype: roll out with a copy of the target in this dtype (bfloat16 samples about 1.4x faster
-    on CPU; the samples are then those of the bf16-rounded target).
-    """
-    import copy
-    import json
+            def update(done: int, loss: float | None = None) -> None:
+                progress.update(task, completed=done, **({} if loss is None else {"loss": loss}))
 
-    import torch
-
-    from specactor_engine.config import SamplingConfig
-    from specactor_engine.training.offline import TEACHER_FILE, read_record_top_logprobs, read_rollout_records
-    from specactor_engine.engine import Engine
-
-    if not data.exists():
-        _fail(f"--data {data}: no such file")
-    cached = out / "target_samples.jsonl"
-    source = cached if cached.exists() else data
-    pairs = read_rollout_records(source)
-    if pairs is not None:
-        # records rolled out with sampling.top_logprobs >= soft_top_k carry their own soft targets
-        carried = read_record_top_logprobs(source, soft_top_k) if soft_top_k and source == data else None
-        if carried is not None and not (out / TEACHER_FILE).exists():
-            out.mkdir(parents=True, exist_ok=True)
-            torch.save(carried, out / TEACHER_FILE)
-            console.print(f"soft targets: the records' own top-{soft_top_k} log-probs", highlight=False)
-        return pairs
-    with user_errors(PromptFileError):
-        requests = read_requests(data)
-    sampler = target_model if sample_dtype is None else copy.deepcopy(target_model).to(sample_dtype)
-    engine = Engine(sampler, tokenizer, mode="ar", max_batch_size=128)
-    sampling = SamplingConfig(temperature=1.0, n=samples, max_new_tokens=max_new_tokens, seed=seed,
-                              top_logprobs=soft_top_k)
-    with _progress() as progress:
-        task = progress.add_task("target samples", total=len(requests) * samples, loss=float("nan"))
-        result = engine.generate(requests, sampling, progress=lambda done, total: progress.update(task, completed=done))
-    kept = [o for o in result.outputs if not o.error]
-    out.mkdir(parents=True, exist_ok=True)
-    if soft_top_k:  # written first: a cache without its samples is recomputed, never mismatched
-        torch.save([(o.top_logprobs[0], o.top_logprobs[1].to(torch.float16)) for o in kept], out / TEACHER_FILE)
-    records = [{"prompt_token_ids": o.prompt_token_ids, "token_ids": o.token_ids} for o in kept]
-    cached.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
-    return [(r["prompt_token_ids"], r["token_ids"]) for r in records]
+            yield update
 
 
 def _progress():  # noqa: ANN202 - a rich Progress context

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from specactor_engine.training.distill import SoftTargets
+from specactor_engine.training.teacher import teacher_topk
 from specactor_engine.types import Request
 
 logger = logging.getLogger(__name__)
@@ -71,7 +72,6 @@ class StudentSampler:
                 ) -> tuple[list[Pair], list[SoftTargets]]:
         """Round `round_index`'s pairs and soft targets (from the cache when a resumed run already made them)."""
         from specactor_engine.config import SamplingConfig
-        from specactor_engine.training.offline import teacher_topk
         from specactor_engine.engine import Engine
 
         path = self.path(round_index)

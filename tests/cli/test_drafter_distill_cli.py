@@ -12,10 +12,12 @@ import torch
 from typer.testing import CliRunner
 
 from specactor.cli import app
-from specactor_engine.drafters.draft_vocab import SubsetHead
-from specactor_engine.training.offline import STATE_FILE, TEACHER_FILE, truncated_copy
+from specactor_engine.model.draft_vocab import SubsetHead
+from specactor_engine.training.job import truncated_copy
+from specactor_engine.training.offline import STATE_FILE
 from specactor_engine.model.runner import load_hf_model
 from specactor_engine.training.on_policy import StudentRounds
+from specactor_engine.training.teacher import TEACHER_FILE
 from tests.fixtures.tiny_models import make_tiny_model, save_tiny_model
 
 runner = CliRunner()
@@ -52,7 +54,7 @@ def test_from_prompts_with_init_layers_then_resume(target_dir: Path, tmp_path: P
 
 def test_sampled_prompts_keep_the_rollouts_top_k_as_soft_targets(target_dir: Path, tmp_path: Path):
     """No teacher pass after sampling: the cache holds the rollout's own top-k, which is the teacher's."""
-    from specactor_engine.training.offline import teacher_topk
+    from specactor_engine.training.teacher import teacher_topk
 
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"add {i}"}) + "\n" for i in range(3)))
@@ -72,7 +74,7 @@ def test_sampled_prompts_keep_the_rollouts_top_k_as_soft_targets(target_dir: Pat
 
 def test_rollout_records_with_top_logprobs_are_their_own_soft_targets(target_dir: Path, tmp_path: Path):
     """`specactor rollout --set sampling.top_logprobs=N` output trains without a teacher pass."""
-    from specactor_engine.training.offline import teacher_topk
+    from specactor_engine.training.teacher import teacher_topk
 
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"id": f"p{i}", "prompt_token_ids": [3 + i, 4, 5]}) + "\n" for i in range(3)))

@@ -28,7 +28,7 @@ def test_distillation_raises_acceptance_on_the_targets_own_samples():
 def test_soft_targets_bring_the_drafter_closer_to_the_target_than_sampled_tokens():
     """Same samples, same steps: the target's top-k distributions teach more than its samples alone."""
     from specactor_engine.training.distill import Distiller, pad_batch
-    from specactor_engine.training.offline import teacher_topk
+    from specactor_engine.training.teacher import teacher_topk
 
     target = make_tiny_model("llama", seed=0, init_range=0.5)
     requests = ragged_requests(8, seed=9)
@@ -70,7 +70,7 @@ def test_learning_rate_warms_up_then_decays_to_the_floor_by_the_first_horizon():
 
 
 def test_the_pipeline_refresh_trains_on_the_new_policys_distributions_with_embeddings_fixed():
-    from specactor_engine.training.offline import teacher_topk
+    from specactor_engine.training.teacher import teacher_topk
 
     target = make_tiny_model("llama", seed=0, init_range=0.5)
     rollouts = run(target, ragged_requests(8, seed=9), sampling(1.0, max_new_tokens=16, ignore_eos=True)).outputs
@@ -111,7 +111,7 @@ def test_the_coupled_loss_raises_the_engines_acceptance_probability_more_than_kl
     """Same samples, steps and start: training on the acceptance itself ends with higher coupled acceptance."""
     from specactor_engine.training.distill import Distiller, pad_batch
     from specactor_engine.training.scorer import coupled_acceptance
-    from specactor_engine.training.offline import teacher_topk
+    from specactor_engine.training.teacher import teacher_topk
 
     target = make_tiny_model("llama", seed=0, init_range=0.5)
     requests = ragged_requests(8, seed=9)
@@ -141,7 +141,8 @@ def test_the_coupled_loss_raises_the_engines_acceptance_probability_more_than_kl
 
 def test_frozen_layers_stay_as_they_are_and_the_rest_trains():
     from specactor_engine.training.distill import Distiller
-    from specactor_engine.training.offline import teacher_topk, truncated_copy
+    from specactor_engine.training.job import truncated_copy
+    from specactor_engine.training.teacher import teacher_topk
 
     target = make_tiny_model("llama", seed=0, num_layers=3, init_range=0.5)
     pairs = [(o.prompt_token_ids, o.token_ids)
