@@ -8,7 +8,8 @@ from typing import Any, Sequence
 from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact
 
-from tasks.run_dir import RunDir, atomic_write_text, read_jsonl, write_jsonl
+from specactor_engine.files import atomic_write_text
+from tasks.run_dir import RunDir, read_jsonl, write_jsonl
 
 
 @task(name="evaluate_policy")
@@ -16,7 +17,8 @@ def evaluate_policy(run_root: str, limit: int | None) -> dict[str, Any]:
     """Greedy rollout of the eval split with the published policy; reward and accuracy."""
     from specactor_engine.config import load_config
     from specactor_engine.types import Request
-    from tasks.pipeline import _accuracy, build_host
+    from tasks.host import build_host
+    from tasks.metrics import accuracy
     from tasks.rewards import combine_rewards
 
     run = RunDir(Path(run_root))
@@ -32,7 +34,7 @@ def evaluate_policy(run_root: str, limit: int | None) -> dict[str, Any]:
     write_jsonl(run.root / "eval" / f"v{version:06d}.jsonl",
                 [{**o.to_json(), "reward": t} for o, t in zip(outputs, totals)])
     return {"eval/policy_version": version, "eval/reward_mean": sum(totals) / max(len(totals), 1),
-            "eval/accuracy": _accuracy(per_reward), "eval/prompts": len(rows)}
+            "eval/accuracy": accuracy(per_reward), "eval/prompts": len(rows)}
 
 
 @flow(name="evaluate")

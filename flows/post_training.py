@@ -1,22 +1,26 @@
 """The `post_training` flow: per step load -> rollout -> score -> update -> sync.
 
-A plain function calling tasks in order. Heavy state lives in the run directory and in
-the process-local host (tasks.runtime); tasks exchange only paths, steps and metric dicts.
-Resuming: the flow starts at the first step that is not complete (tasks.run_dir).
+A plain function calling the tasks of tasks/pipeline.py in order. Heavy state lives in the run
+directory and in the process-local host (tasks/runtime.py, built by tasks/host.py); tasks exchange
+only paths, steps and metric dicts. Resuming: the flow starts at the first step that is not
+complete (tasks/run_dir.py). A step is published (checkpoints/LATEST) only after its sync succeeded
+and its metrics were written.
 """
 
 from __future__ import annotations
 
 import time
-import warnings
 from pathlib import Path
 from typing import Any, Sequence
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
-from tasks.pipeline import DrafterCollapseWarning, acceptance_alarms, load_prompts, run_rollout, score_rewards, sync_weights, update_policy
-from tasks.run_dir import RunDir, atomic_write_text
+from specactor_engine.config import SpecActorConfig
+from specactor_engine.files import atomic_write_text
+from tasks.alarms import acceptance_alarms, raise_alarms
+from tasks.pipeline import load_prompts, run_rollout, score_rewards, sync_weights, update_policy
+from tasks.run_dir import RunDir
 
 
 @flow(name="post_training")
@@ -45,11 +49,10 @@ def post_training(config_path: str | None = None, overrides: Sequence[str] = (),
     try:
         for step in range(first, config.train.steps + 1):
             metrics = _run_step(root, step)
-            for alarm in acceptance_alarms(history.get(step - 1), metrics, config.train.drafter_sync.collapse_ratio):
-                logger.warning("drafter acceptance collapsed: %s", alarm)
-                warnings.warn(f"drafter acceptance collapsed: {alarm}", DrafterCollapseWarning, stacklevel=1)
-                tracker.alert("drafter acceptance collapsed", alarm)
-                metrics.setdefault("alarms", []).append(alarm)
+            alarms = acceptance_alarms(history.get(step - 1), metrics, config.train.drafter_sync.collapse_ratio)
+            if alarms:
+                raise_alarms(alarms, tracker)
+                metrics["alarms"] = alarms
             run.write_metrics(step, metrics)
             run.publish(step)
             history[step] = metrics
@@ -62,7 +65,7 @@ def post_training(config_path: str | None = None, overrides: Sequence[str] = (),
     return {"run_dir": root, "wandb_dir": str(run.wandb_dir), "steps": history}
 
 
-def check_train_config(config: Any) -> Any:
+def check_train_config(config: SpecActorConfig) -> SpecActorConfig:
     """Everything that can be checked before any work: the train section and reward names."""
     from tasks.rewards import validate_reward_weights
 

@@ -3,27 +3,32 @@
 Prefect tasks pass only references (the run directory, step numbers, versions); the
 engine and the DeepSpeed trainer stay alive here between steps, keyed by run directory,
 for the life of the worker process. A resumed run in a new process rebuilds them from
-the last published checkpoint.
+the last published checkpoint (tasks/host.py).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import logging
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-_HOSTS: dict[str, "RunHost"] = {}
+if TYPE_CHECKING:
+    from specactor_engine.config import SpecActorConfig
+    from specactor_engine.engine import Engine
+    from tasks.trainer import PolicyTrainer
+
+_HOSTS: dict[str, RunHost] = {}
 
 
 @dataclass
 class RunHost:
     """What one run keeps in memory."""
 
-    config: Any  # SpecActorConfig
-    engine: Any  # specactor_engine.engine.Engine
-    trainer: Any = None  # tasks.trainer.PolicyTrainer
-    tokenizer: Any = None
-    extras: dict[str, Any] = field(default_factory=dict)
+    config: SpecActorConfig
+    engine: Engine
+    tokenizer: Any  # the engine's Hugging Face tokenizer (saved into each checkpoint)
+    trainer: PolicyTrainer | None = None
 
 
 def _key(run_root: str | Path) -> str:
@@ -31,10 +36,12 @@ def _key(run_root: str | Path) -> str:
 
 
 def get_host(run_root: str | Path) -> RunHost | None:
+    """The run's host in this process, if one was built."""
     return _HOSTS.get(_key(run_root))
 
 
 def set_host(run_root: str | Path, host: RunHost) -> RunHost:
+    """Keep `host` for the run (replacing any earlier one)."""
     _HOSTS[_key(run_root)] = host
     return host
 
@@ -44,3 +51,13 @@ def drop_host(run_root: str | Path) -> None:
     host = _HOSTS.pop(_key(run_root), None)
     if host is not None and hasattr(host.engine, "close"):
         host.engine.close()
+
+
+def run_logger() -> logging.Logger | logging.LoggerAdapter:
+    """The Prefect run logger inside a flow or task run, else the module logger (unit tests of `.fn`)."""
+    from prefect import get_run_logger
+
+    try:
+        return get_run_logger()
+    except Exception:
+        return logging.getLogger("specactor.pipeline")

@@ -96,7 +96,8 @@ def test_speculation_switch_keeps_first_step_rollouts_identical(tmp_path, prefec
 
 def test_drafter_sync_keeps_acceptance_and_broken_sync_raises_the_alarm(tmp_path, prefect_harness, toy_reward,
                                                                       policy_dir, data, monkeypatch):
-    import tasks.pipeline
+    import tasks.alarms
+    import tasks.drafter_store
 
     overrides = flow_overrides(policy_dir, data, tmp_path / "good", toy_reward, steps=2) + [
         "train.optim.lr=1.0e-4", "train.drafter_sync.distill_steps=2", "train.drafter_sync.distill_lr=1.0e-5"]
@@ -107,15 +108,15 @@ def test_drafter_sync_keeps_acceptance_and_broken_sync_raises_the_alarm(tmp_path
 
     def broken_refresh(host, records, version):
         for drafter in host.engine.drafters:
-            if hasattr(drafter, "runner"):
+            if drafter.trainable_model() is not None:
                 with torch.no_grad():
-                    for param in drafter.runner.model.parameters():
+                    for param in drafter.trainable_model().parameters():
                         param.copy_(torch.randn_like(param))
             drafter.version = version
         return {}
 
-    monkeypatch.setattr(tasks.pipeline, "refresh_drafters", broken_refresh)
-    with pytest.warns(tasks.pipeline.DrafterCollapseWarning, match="draft: acceptance"):
+    monkeypatch.setattr(tasks.drafter_store, "refresh_drafters", broken_refresh)
+    with pytest.warns(tasks.alarms.DrafterCollapseWarning, match="draft: acceptance"):
         broken = run_flow(flow_overrides(policy_dir, data, tmp_path / "broken", toy_reward, steps=2))["steps"]
     assert any(alarm.startswith("draft:") for alarm in broken[2]["alarms"])
 

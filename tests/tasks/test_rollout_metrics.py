@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from specactor_engine.types import EngineStats
-from tasks.pipeline import drafter_metrics
+from tasks.metrics import drafter_metrics
 
 
 def test_drafter_metrics_cover_verified_and_shadow_drafts():

@@ -1,0 +1,102 @@
+"""Building a run's process-local host: the rollout engine and the policy trainer at a policy version.
+
+`host_for(run_root)` returns the host kept in this process (tasks/runtime.py) or builds it from the
+last published checkpoint; `push_policy` moves the trainer's weights into the engine, `restore_engine`
+puts the engine and its drafters back at an earlier version (after a failed sync).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from specactor_engine.config import SpecActorConfig, load_config
+from tasks.drafter_store import load_drafters, load_initial_drafters
+from tasks.run_dir import RunDir
+from tasks.runtime import RunHost, get_host, set_host
+
+if TYPE_CHECKING:
+    from specactor_engine.engine import Engine
+    from tasks.trainer import PolicyTrainer
+
+WEIGHTS_FILE = "model.safetensors"
+
+
+def build_host(run_root: str, config: SpecActorConfig, with_trainer: bool = True) -> RunHost:
+    """Engine (+ trainer) for a run, both at the last published policy version."""
+    run = RunDir(Path(run_root))
+    version = run.latest_version()
+    source = policy_source(run, config, version)
+    engine = build_engine(config, source, version)
+    host = RunHost(config=config, engine=engine, tokenizer=engine.tokenizer)
+    if version:
+        load_drafters(host, run.checkpoint(version), version)
+    host.trainer = build_trainer(config, source) if with_trainer else None
+    return set_host(run_root, host)
+
+
+def policy_source(run: RunDir, config: SpecActorConfig, version: int) -> Path:
+    """The model directory of policy v<version>: its checkpoint, or the initial model for v0."""
+    from specactor_engine.model.registry import resolve_model
+
+    if version:
+        return run.checkpoint(version)
+    return resolve_model(config.model.target, dtype=config.model.dtype, cache_dir=config.model.cache_dir)
+
+
+def build_engine(config: SpecActorConfig, source: Path, version: int) -> Engine:
+    """The rollout engine on the weights at `source` (plain decoding when train.speculation is off)."""
+    from specactor_engine.engine import Engine
+
+    rollout = config.rollout if config.train.speculation else config.rollout.model_copy(update={"mode": "ar"})
+    model = config.model.model_copy(update={"target": str(source)})
+    engine = Engine.from_config(config.model_copy(update={"model": model, "rollout": rollout}))
+    engine.policy_version = version
+    return engine
+
+
+def build_trainer(config: SpecActorConfig, source: Path) -> PolicyTrainer:
+    """The policy trainer on the weights at `source`, configured by train.optim (float32 master weights)."""
+    from transformers import AutoModelForCausalLM
+
+    from tasks.trainer import PolicyTrainer
+
+    model = AutoModelForCausalLM.from_pretrained(source, dtype="float32")
+    return PolicyTrainer(model, config.train.optim, temperature=config.sampling.temperature,
+                         seed=config.sampling.seed)
+
+
+def run_config(run_root: str) -> SpecActorConfig:
+    """The resolved config the flow wrote into the run directory."""
+    host = get_host(run_root)
+    return host.config if host is not None else load_config(Path(run_root) / "config.yaml")
+
+
+def host_for(run_root: str) -> RunHost:
+    """The run's host in this process, built from the last published checkpoint if there is none."""
+    host = get_host(run_root)
+    return host if host is not None else build_host(run_root, run_config(run_root))
+
+
+def push_policy(host: RunHost, version: int) -> str:
+    """Load the trainer's weights into the engine as policy v<version>; return their digest, checked
+    equal on both sides (bit for bit)."""
+    from specactor_engine.model.weights import weights_digest
+
+    host.engine.update_weights(host.trainer.state_dict_for_sync(), version=version)
+    digest = weights_digest(host.engine.runner.model.named_parameters())
+    if digest != weights_digest(host.trainer.state_dict_for_sync()):
+        raise RuntimeError(f"weights in the engine differ from the trainer's after sync to v{version}")
+    return digest
+
+
+def restore_engine(host: RunHost, run: RunDir, version: int) -> None:
+    """Reload the engine's target and drafters at policy v<version> (v0: the initial models)."""
+    from safetensors.torch import load_file
+
+    weights = load_file(Path(policy_source(run, host.config, version)) / WEIGHTS_FILE)
+    host.engine.update_weights(weights.items(), version=version)
+    if version:
+        load_drafters(host, run.checkpoint(version), version)
+    else:
+        load_initial_drafters(host)
