@@ -44,7 +44,7 @@ def refresh_drafters(host: RunHost, records: list[dict[str, Any]], version: int)
     metrics: dict[str, float] = {}
     soft = None
     if sync.soft_top_k and sequences and models:
-        from specactor_engine.training.offline import teacher_topk
+        from specactor_engine.training.teacher import teacher_topk
 
         started = time.perf_counter()  # the engine holds the new policy already: its distributions on the rollouts
         soft = teacher_topk(host.engine.runner.model, sequences, sync.soft_top_k)
