@@ -1,0 +1,112 @@
+"""The drafter interface and registry: every registered kind builds from its config and keeps a round's caps.
+
+Exactness with the engine lives in test_exactness; each method's own behaviour in its own test file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from specactor_engine.config import ModelDrafterConfig, NgramDrafterConfig, SuffixDrafterConfig
+from specactor_engine.drafters import DRAFTER_REGISTRY, Drafter, DraftRequest, DrafterContext, build_drafter
+from specactor_engine.drafters.model import ModelDrafter
+from specactor_engine.drafters.ngram import NgramDrafter
+from specactor_engine.drafters.suffix import SuffixDrafter
+from specactor_engine.sampling import SamplingParams
+from specactor_engine.state import SequenceState
+from tests.fixtures.tiny_models import VOCAB_SIZE, make_tokenizer, save_tiny_model
+
+BUILT = {"model": ModelDrafter, "ngram": NgramDrafter, "suffix": SuffixDrafter}
+PROMPT = [1, 2, 3, 4, 1, 2, 3, 4]  # repeats, so the model-free methods find something to copy
+OUTPUT = [1, 2]  # output so far: what the suffix drafter matches
+CAPS = [0, 2, 5, 3]  # per row of a round; 0 skips the row
+
+
+@pytest.fixture(scope="module")
+def context() -> DrafterContext:
+    return DrafterContext("cpu", "float32", make_tokenizer(), VOCAB_SIZE)
+
+
+@pytest.fixture(scope="module")
+def configs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    draft_dir: Path = save_tiny_model(tmp_path_factory.mktemp("drafters") / "draft", "llama", seed=1, num_layers=1)
+    return {"model": ModelDrafterConfig(model=str(draft_dir)), "ngram": NgramDrafterConfig(max_n=3),
+            "suffix": SuffixDrafterConfig(min_match=1)}
+
+
+def test_every_registered_kind_is_covered_here():
+    """A new drafter kind must be added to these tests (and so to the registry's contract)."""
+    assert set(DRAFTER_REGISTRY) == set(BUILT)
+
+
+@pytest.mark.parametrize("kind", sorted(BUILT))
+def test_build_drafter_builds_each_kind_from_its_config(kind: str, configs, context):
+    drafter = build_drafter(configs[kind], context)
+    assert type(drafter) is BUILT[kind]
+    assert drafter.name == configs[kind].name
+    assert drafter.model_free == (kind != "model")
+
+
+def test_an_unknown_kind_is_refused_naming_the_known_ones(context):
+    with pytest.raises(ValueError, match=r"unknown drafter kind 'eagle'; known: model, ngram, suffix"):
+        build_drafter(SimpleNamespace(kind="eagle"), context)
+
+
+def _state_with_output() -> SequenceState:
+    """One row per cap, each with PROMPT and OUTPUT committed."""
+    state = SequenceState.allocate(len(CAPS), 32)
+    tokens = torch.tensor(PROMPT + OUTPUT)
+    state.tokens[:, : len(tokens)] = tokens
+    state.lengths[:] = len(tokens)
+    state.prompt_lengths[:] = len(PROMPT)
+    state.seq_keys[:] = torch.arange(len(CAPS))
+    return state
+
+
+def _propose(drafter: Drafter, state: SequenceState, caps: list[int], coupled_noise: bool = True):
+    slots = torch.arange(len(caps))
+    drafter.allocate(len(caps), state.tokens.shape[1])
+    drafter.add_rows(state, slots)
+    request = DraftRequest(slots, torch.tensor(caps), SamplingParams(temperature=1.0), coupled_noise=coupled_noise)
+    return drafter.propose(state, request)
+
+
+@pytest.mark.parametrize("kind", sorted(BUILT))
+def test_propose_keeps_each_rows_cap(kind: str, configs, context):
+    """At most max_draft_tokens[r] per row (none for a skipped row), k = the largest cap, ids in the vocabulary;
+    a model drafts every token it may, the model-free methods what the text gives (here: something)."""
+    proposal = _propose(build_drafter(configs[kind], context), _state_with_output(), CAPS)
+    caps = torch.tensor(CAPS)
+    assert proposal.token_ids.shape == (len(CAPS), max(CAPS))
+    assert bool((proposal.num_tokens >= 0).all()) and bool((proposal.num_tokens <= caps).all())
+    assert int(proposal.num_tokens[0]) == 0
+    assert int(proposal.num_tokens.sum()) > 0
+    if kind == "model":
+        assert torch.equal(proposal.num_tokens, caps)
+    for row, count in enumerate(proposal.num_tokens.tolist()):
+        drafted = proposal.token_ids[row, :count]
+        assert bool(((drafted >= 0) & (drafted < VOCAB_SIZE)).all())
+
+
+def test_ngram_drafts_copy_what_followed_the_latest_match(configs, context):
+    """PROMPT + OUTPUT ends in '4 1 2' (max_n 3), seen before only at positions 3..5, then '3 4 1 2'."""
+    proposal = _propose(build_drafter(configs["ngram"], context), _state_with_output(), CAPS)
+    assert proposal.num_tokens.tolist() == [0, 2, 4, 3]  # the 5-cap row: only 4 tokens follow the match
+    assert proposal.token_ids[1, :2].tolist() == [3, 4]
+    assert proposal.token_ids[2, :4].tolist() == [3, 4, 1, 2]
+    assert proposal.token_ids[3, :3].tolist() == [3, 4, 1]
+
+
+def test_independent_noise_drafts_come_with_their_distributions(configs, context):
+    """coupled_noise=False (classic rejection sampling) needs q: a model drafter returns [R, k, V] probabilities."""
+    proposal = _propose(build_drafter(configs["model"], context), _state_with_output(), CAPS, coupled_noise=False)
+    assert proposal.probs is not None and proposal.probs.shape == (len(CAPS), max(CAPS), VOCAB_SIZE)
+    for row, count in enumerate(proposal.num_tokens.tolist()):
+        probs = proposal.probs[row, :count]
+        torch.testing.assert_close(probs.sum(-1), torch.ones(count, dtype=probs.dtype), rtol=0, atol=1e-5)
+        drawn = probs.gather(-1, proposal.token_ids[row, :count, None])
+        assert bool((drawn > 0).all())  # each draft was drawn from its own distribution
