@@ -85,7 +85,7 @@ def test_the_pipeline_refresh_trains_on_the_new_policys_distributions_with_embed
 
 
 def test_topk_coupled_acceptance_equals_the_full_vocabulary_closed_form():
-    """With k = V nothing is cut off, so the training objective is exactly `drafter_score`'s closed form."""
+    """With k = V nothing is cut off, so the training objective is exactly `scorer.coupled_acceptance`'s closed form."""
     from specactor_engine.training.distill import coupled_acceptance_from_topk
     from specactor_engine.training.scorer import coupled_acceptance
 
