@@ -25,7 +25,6 @@ from specactor_engine.training.distill import Distiller, SoftTargets
 from specactor_engine.training.on_policy import StudentSampler
 from specactor_engine.training.samples import DistillDataError
 from specactor_engine.training.teacher import Pair
-from specactor_engine.training.teacher import teacher_topk as teacher_topk  # re-exported for tasks/pipeline.py
 
 logger = logging.getLogger(__name__)
 
