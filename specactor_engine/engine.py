@@ -22,11 +22,11 @@ import torch
 
 from specactor_engine import acceptance
 from specactor_engine.policies.cost_profile import load_or_measure
-from specactor_engine.decoupled.coordinator import DecoupledCoordinator
+from specactor_engine.config import RolloutConfig, SpecActorConfig
+from specactor_engine.decoupled.launch import DrafterWorkers, start_workers
 from specactor_engine.decoupled.phase import DECOUPLED, SOLO, DecouplingPolicy
 from specactor_engine.decoupled.protocol import SamplingSpec
 from specactor_engine.decoupled.sync import WorkerDrafterSync
-from specactor_engine.decoupled.transport import WorkerSpec
 from specactor_engine.drafters import DraftRequest, Drafter, DrafterContext, build_drafter
 from specactor_engine.model.heap import release_free_memory
 from specactor_engine.model.runner import ModelRunner, load_hf_model
@@ -51,6 +51,7 @@ from specactor_engine.tokenize import encode_request, eos_token_ids
 from specactor_engine.types import DraftProposal, EngineStats, Request, RolloutResult, SequenceOutput
 from specactor_engine.policies.verify_length import AcceptanceStats, CostProfile, CostTable, VerifyLengthPolicy
 from specactor_engine.model.weights import load_named_weights
+from specactor_engine.modes import MODES
 
 logger = logging.getLogger(__name__)
 
@@ -72,66 +73,48 @@ class _Sequence:
     error: str | None = None
 
 
-MODES = ("ar", "coupled", "decoupled", "specactor")
 TRIM_HEAP_EVERY = 32  # rounds between returning freed heap memory to the OS (~5 ms each)
 
 
 class Engine:
-    """Target model + drafters + the decode loop."""
+    """Target model + drafters + the decode loop, built from a validated `RolloutConfig`."""
 
-    def __init__(self, target: torch.nn.Module, tokenizer: Any, *, mode: str = "ar", num_draft_tokens: int = 4,
-                 acceptance_rule: str = "position_keyed", max_batch_size: int = 256, max_model_len: int = 2048,
-                 chat_template: bool = True, drafters: Sequence[Drafter] = (), check_invariants: bool = False,
-                 verify_length: str = "fixed", cost_table: CostTable | CostProfile | None = None,
-                 coordinator: DecoupledCoordinator | None = None, verifier_threads: int | None = None,
-                 dynamic_decoupling: bool = False, selection: str = "cascade", combine_below: int = 0,
-                 shadow_rows: int = 4, cpu_kernels: bool = True) -> None:
+    def __init__(self, target: torch.nn.Module, tokenizer: Any, rollout: RolloutConfig, *, max_model_len: int = 2048,
+                 chat_template: bool = True, cpu_kernels: bool = True, drafters: Sequence[Drafter] = (),
+                 workers: DrafterWorkers | None = None, cost_table: CostTable | CostProfile | None = None,
+                 check_invariants: bool = False) -> None:
+        """drafters: the in-process draft methods (`from_config` builds them from rollout.drafters);
+        workers: running drafter workers (decoupled/launch.py) for the modes that use them. RolloutConfig
+        has validated its own fields; only what depends on these arguments is checked here."""
+        self.rollout = rollout
+        self.mode = MODES[rollout.mode]
         self.tokenizer = tokenizer
-        self.mode = mode
-        self.num_draft_tokens = num_draft_tokens if mode != "ar" else 0
-        self.acceptance_rule = acceptance_rule
-        self.max_batch_size = max_batch_size
+        self.num_draft_tokens = rollout.num_draft_tokens if self.mode.speculative else 0
+        self.acceptance_rule = rollout.acceptance
+        self.max_batch_size = rollout.max_batch_size
         self.max_model_len = max_model_len
         self.chat_template = chat_template
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
-        # specactor: in-process drafters and/or drafter workers, one method per request (Fastest-of-N)
-        self.drafters = list(drafters) if mode in ("coupled", "specactor") else []
-        # decoupled: drafter workers in other processes stream drafts; this process only verifies
-        self.coordinator = coordinator if mode in ("decoupled", "specactor") else None
-        if mode == "decoupled" and coordinator is None:
-            raise ValueError("mode 'decoupled' needs a DecoupledCoordinator (its drafter workers)")
-        if mode == "specactor" and coordinator is None and not self.drafters:
-            raise ValueError("mode 'specactor' needs drafters, a DecoupledCoordinator, or both")
-        if self.coordinator is not None and acceptance_rule == "rejection":
-            raise ValueError(f"mode {mode!r} streams worker drafts without their probabilities: use position_keyed "
-                             "acceptance")
-        if mode == "specactor":
-            selection = "fastest_of_n"
-        self.verifier_threads = verifier_threads
-        # decoupled from a config: the verifier's copy of the workers' draft model (pipeline drafter sync)
-        self.worker_drafter: WorkerDrafterSync | None = None
-        self.dynamic_decoupling = dynamic_decoupling
-        if selection not in ("cascade", "fastest_of_n"):
-            raise ValueError(f"selection must be 'cascade' or 'fastest_of_n', got {selection!r}")
-        self.selection = selection
-        if combine_below < 0:
-            raise ValueError(f"combine_below must be >= 0, got {combine_below}")
+        self.drafters = list(drafters) if self.mode.in_process else []
+        self.workers = workers if self.mode.workers != "never" else None
+        self._check_draft_sources()
+        self.coordinator = self.workers.coordinator if self.workers is not None else None
+        self.verifier_threads = self.workers.verifier_threads if self.workers is not None else None
+        # the verifier's copy of the workers' draft model (pipeline drafter sync), when started from a config
+        self.worker_drafter: WorkerDrafterSync | None = self.workers.sync if self.workers is not None else None
+        self.dynamic_decoupling = self.coordinator is not None and rollout.decoupled.dynamic
+        self.selection = "fastest_of_n" if self.mode.fastest_of_n else rollout.selection
         # combination: with Fastest-of-N, several in-process drafters and position-keyed acceptance,
         # rounds with at most this many rows also verify a second method's candidate per row
-        combinable = selection == "fastest_of_n" and len(self.drafters) > 1 and acceptance_rule == "position_keyed"
-        self.combine_below = combine_below if combinable else 0
+        combinable = self.selection == "fastest_of_n" and len(self.drafters) > 1 \
+            and rollout.acceptance == "position_keyed"
+        self.combine_below = rollout.combine_below if combinable else 0
         self.check_invariants = check_invariants
-        if shadow_rows < 0:
-            raise ValueError(f"shadow_rows must be >= 0, got {shadow_rows}")
         # dynamic verify length with model-free drafters and position-keyed acceptance: acceptance
         # statistics from shadow drafts (shadow.py) instead of probe rounds at the deepest length
-        self.shadow_rows = shadow_rows
-        if verify_length not in ("fixed", "dynamic"):
-            raise ValueError(f"verify_length must be 'fixed' or 'dynamic', got {verify_length!r}")
+        self.shadow_rows = rollout.shadow_rows
         # dynamic: a VerifyLengthPolicy picks k in 0..num_draft_tokens each round (built on first use,
         # from `cost_table` or the cached startup profile); it keeps its statistics across calls.
-        self.verify_length = verify_length if self.drafters or self.coordinator else "fixed"
+        self.verify_length = rollout.verify_length if self.drafters or self.coordinator else "fixed"
         self.cost_table = cost_table
         self.length_policy: VerifyLengthPolicy | None = None
         self.policy_version = 0
@@ -140,10 +123,23 @@ class Engine:
         self.runner = ModelRunner(target, packed_linear=cpu_kernels, paged_attention=cpu_kernels)
         self.eos_ids = eos_token_ids(tokenizer, target)
 
+    def _check_draft_sources(self) -> None:
+        """The draft sources this mode needs, among those handed in (the config cannot see them)."""
+        name = self.mode.name
+        if self.mode.workers == "required" and self.workers is None:
+            raise ValueError(f"mode {name!r} needs drafter workers (decoupled.launch.start_workers)")
+        if self.mode.speculative and not self.drafters and self.workers is None:
+            raise ValueError(f"mode {name!r} needs drafters, drafter workers, or both")
+        if self.workers is not None and self.acceptance_rule == "rejection":
+            raise ValueError(f"mode {name!r} streams worker drafts without their probabilities: use position_keyed "
+                             "acceptance")
+
     # ------------------------------------------------------------------ construction
     @classmethod
-    def from_config(cls, config: Any) -> "Engine":
-        """Build from a SpecActorConfig (see specactor_engine.config)."""
+    def from_config(cls, config: SpecActorConfig, *, drafters: Sequence[Drafter] | None = None,
+                    cost_table: CostTable | CostProfile | None = None) -> "Engine":
+        """Load the target and tokenizer, build the in-process drafters from `config.rollout.drafters`
+        (unless `drafters` is given: the benchmark's oracle) and start the drafter workers the mode uses."""
         from transformers import AutoTokenizer
 
         from specactor_engine.model.registry import resolve_model
@@ -153,28 +149,20 @@ class Engine:
         path = resolve_model(config.model.target, dtype=config.model.dtype, cache_dir=config.model.cache_dir)
         tokenizer = AutoTokenizer.from_pretrained(path)
         target = load_hf_model(path, config.model.dtype, config.model.device)
-        context = DrafterContext(
-            device=config.model.device, dtype=config.model.dtype, target_tokenizer=tokenizer,
-            target_vocab_size=target.config.vocab_size, cache_dir=config.model.cache_dir,
-        )
-        mode = config.rollout.mode
-        in_process = mode == "coupled" or mode == "specactor"
-        drafters = [build_drafter(d, context) for d in config.rollout.drafters] if in_process else []
-        coordinator, verifier_threads, worker_spec = None, None, None
-        if mode == "decoupled" or (mode == "specactor" and config.rollout.decoupled.drafter is not None):
-            coordinator, verifier_threads, worker_spec = start_workers(config, tokenizer, target.config.vocab_size)
-        engine = cls(target, tokenizer, mode=mode, num_draft_tokens=config.rollout.num_draft_tokens,
-                   acceptance_rule=config.rollout.acceptance, max_batch_size=config.rollout.max_batch_size,
-                   max_model_len=config.model.max_model_len, chat_template=config.model.chat_template,
-                   drafters=drafters, verify_length=config.rollout.verify_length, coordinator=coordinator,
-                   verifier_threads=verifier_threads,
-                   dynamic_decoupling=coordinator is not None and config.rollout.decoupled.dynamic,
-                   selection=config.rollout.selection, combine_below=config.rollout.combine_below,
-                   shadow_rows=config.rollout.shadow_rows,
-                   cpu_kernels=config.model.cpu_kernels)
-        if coordinator is not None and worker_spec is not None:
-            engine.worker_drafter = WorkerDrafterSync(coordinator, worker_spec.model_path, worker_spec.dtype)
-        return engine
+        mode = MODES[config.rollout.mode]
+        if drafters is None and mode.in_process:
+            context = DrafterContext(
+                device=config.model.device, dtype=config.model.dtype, target_tokenizer=tokenizer,
+                target_vocab_size=target.config.vocab_size, cache_dir=config.model.cache_dir,
+            )
+            drafters = [build_drafter(d, context) for d in config.rollout.drafters]
+        workers = None
+        if mode.starts_workers(config.rollout.decoupled):
+            workers = start_workers(config.rollout.decoupled, config.model, tokenizer, target.config.vocab_size,
+                                    config.threads)
+        return cls(target, tokenizer, config.rollout, max_model_len=config.model.max_model_len,
+                   chat_template=config.model.chat_template, cpu_kernels=config.model.cpu_kernels,
+                   drafters=drafters or (), workers=workers, cost_table=cost_table)
 
     def close(self) -> None:
         """Stop the decoupled drafter workers, if any (idempotent)."""
@@ -208,7 +196,7 @@ class Engine:
         progress(finished_sequences, total_sequences) is called after every round.
         """
         started = time.perf_counter()
-        stats = EngineStats(mode=self.mode, drafted_per_position=[0] * self.num_draft_tokens,
+        stats = EngineStats(mode=self.mode.name, drafted_per_position=[0] * self.num_draft_tokens,
                             accepted_per_position=[0] * self.num_draft_tokens)
         sequences = self._prepare(requests, sampling)
         runnable = [s for s in sequences if s.error is None]
@@ -296,35 +284,6 @@ class Engine:
         top = (torch.cat(seq.top_ids), torch.cat(seq.top_values)) if seq.top_ids else None
         return SequenceOutput(seq.request.request_id, seq.sample_index, seq.prompt_ids, seq.output_ids, text,
                               seq.logprobs, seq.finish_reason or "length", self.policy_version, seq.error, top)
-
-
-def start_workers(config: Any, tokenizer: Any, vocab_size: int) -> tuple[DecoupledCoordinator, int, WorkerSpec]:
-    """Start the drafter workers of a decoupled config: (coordinator, verifier threads, worker spec).
-
-    The workers load their model in the background; rounds run without drafts until they are
-    ready (the verifier never waits).
-    """
-    from transformers import AutoTokenizer
-
-    from specactor_engine.decoupled.transport import LocalWorker, Transport
-    from specactor_engine.drafters.model import check_same_tokenizer
-    from specactor_engine.model.registry import resolve_model
-
-    settings = config.rollout.decoupled
-    dtype = settings.dtype or config.model.dtype
-    path = resolve_model(settings.drafter, dtype=dtype, cache_dir=config.model.cache_dir)
-    check_same_tokenizer(tokenizer, AutoTokenizer.from_pretrained(path), settings.drafter)
-    spec = WorkerSpec(str(path), dtype, settings.worker_threads, vocab_size)
-    total = config.threads or torch.get_num_threads()
-    verifier_threads = settings.verifier_threads or max(total - settings.workers * settings.worker_threads, 1)
-    make_transport: Callable[[int], Transport] = lambda index: LocalWorker(spec)  # noqa: E731
-    if settings.transport == "ray":
-        from specactor_engine.decoupled.ray_transport import RayWorker, ensure_ray
-
-        ensure_ray(settings.ray_address, num_cpus=total)
-        make_transport = lambda index: RayWorker(spec)  # noqa: E731
-    coordinator = DecoupledCoordinator(make_transport, settings.workers, max_restarts=settings.max_restarts)
-    return coordinator, verifier_threads, spec
 
 
 class _Run:

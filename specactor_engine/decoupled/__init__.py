@@ -7,4 +7,5 @@ ray_transport   the same interface with workers as Ray actors (drafters on other
 sync.py         the verifier's copy of the workers' model: pipeline drafter sync, pushed to workers
 buffers.py      the verifier's per-row draft buffers (numpy, batched)
 coordinator.py  workers, row pinning, restarts; what the engine calls each round
+launch.py       starting the workers from the decoupled config: DrafterWorkers, what the engine holds
 """

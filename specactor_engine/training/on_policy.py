@@ -71,7 +71,7 @@ class StudentSampler:
     def collect(self, round_index: int, on_batch: Callable[[int], None] | None = None
                 ) -> tuple[list[Pair], list[SoftTargets]]:
         """Round `round_index`'s pairs and soft targets (from the cache when a resumed run already made them)."""
-        from specactor_engine.config import SamplingConfig
+        from specactor_engine.config import RolloutConfig, SamplingConfig
         from specactor_engine.engine import Engine
 
         path = self.path(round_index)
@@ -82,7 +82,7 @@ class StudentSampler:
         # a new seed per round: the same prompts give new samples
         sampling = SamplingConfig(temperature=1.0, n=self.rounds.samples, max_new_tokens=self.rounds.max_new_tokens,
                                   seed=self.rounds.seed + 1 + round_index)
-        engine = Engine(self.student, self.tokenizer, mode="ar", max_batch_size=self.max_batch_size)
+        engine = Engine(self.student, self.tokenizer, RolloutConfig(mode="ar", max_batch_size=self.max_batch_size))
         result = engine.generate(self.prompts, sampling)
         pairs = [(list(o.prompt_token_ids), list(o.token_ids)) for o in result.outputs if not o.error and o.token_ids]
         soft = teacher_topk(self.target, pairs, self.rounds.top_k, on_batch=on_batch, autocast=self.autocast)

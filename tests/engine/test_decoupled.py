@@ -18,13 +18,14 @@ import torch
 from specactor_engine.decoupled.buffers import DraftBuffers
 from specactor_engine.decoupled.coordinator import DecoupledCoordinator
 from specactor_engine.decoupled.drafter_worker import DraftWorker
+from specactor_engine.decoupled.launch import DrafterWorkers
 from specactor_engine.decoupled.protocol import (AddRows, Commits, Drafts, Pause, Ready, Reserve, Reserved, Reset,
                                                  SamplingSpec, chain_hash)
 from specactor_engine.decoupled.transport import DelayedTransport, LocalWorker, Transport, WorkerSpec
 from specactor_engine.engine import Engine
 from specactor_engine.model.runner import load_hf_model
 from specactor_engine.types import Request
-from tests.engine.test_exactness import MAX_LEN, ragged_requests, run, sampling, token_ids
+from tests.engine.test_exactness import MAX_LEN, ragged_requests, rollout, run, sampling, token_ids
 from tests.fixtures.tiny_models import make_tiny_model, make_tokenizer, save_tiny_model
 
 K = 4
@@ -68,9 +69,11 @@ def coordinator_for(path: Path, vocab: int, workers: int = 1, max_delay_s: float
     return coordinator
 
 
-def decoupled_engine(target, coordinator, **kwargs) -> Engine:
-    return Engine(target, make_tokenizer(), mode="decoupled", num_draft_tokens=K, max_batch_size=16,
-                  max_model_len=MAX_LEN, coordinator=coordinator, check_invariants=True, **kwargs)
+def decoupled_engine(target, coordinator, verifier_threads: int | None = None, **fields) -> Engine:
+    """fields: RolloutConfig fields (and `dynamic_decoupling`) over the tests' defaults."""
+    config = rollout("decoupled", workers=True, num_draft_tokens=K, max_batch_size=16, **fields)
+    return Engine(target, make_tokenizer(), config, max_model_len=MAX_LEN,
+                  workers=DrafterWorkers(coordinator, verifier_threads), check_invariants=True)
 
 
 @pytest.fixture(scope="module")

@@ -103,14 +103,16 @@ def test_workers_are_paused_before_the_first_rows_arrive_when_plain_decoding_is_
     would slow down the plain-decoding window the policy measures first."""
     import torch
 
+    from specactor_engine.decoupled.launch import DrafterWorkers
     from specactor_engine.engine import Engine
-    from tests.engine.test_exactness import MAX_LEN, ragged_requests, run, sampling, token_ids
+    from tests.engine.test_exactness import MAX_LEN, ragged_requests, rollout, run, sampling, token_ids
     from tests.fixtures.tiny_models import make_tiny_model, make_tokenizer
 
     target = make_tiny_model("llama", seed=0, dtype=torch.float64)
     coordinator = _RecordingCoordinator()
-    engine = Engine(target, make_tokenizer(), mode="decoupled", num_draft_tokens=3, max_batch_size=8,
-                    max_model_len=MAX_LEN, coordinator=coordinator, dynamic_decoupling=True, verifier_threads=1)
+    config = rollout("decoupled", workers=True, dynamic_decoupling=True, num_draft_tokens=3, max_batch_size=8)
+    engine = Engine(target, make_tokenizer(), config, max_model_len=MAX_LEN,
+                    workers=DrafterWorkers(coordinator, verifier_threads=1))
     params = sampling(1.0, max_new_tokens=12)
     result = engine.generate(ragged_requests(3), params)
     assert coordinator.calls.index("pause") < coordinator.calls.index("add_rows"), coordinator.calls

@@ -9,7 +9,7 @@ from specactor_engine.policies.cost_profile import load_or_measure, profile_batc
 from specactor_engine.engine import Engine
 from specactor_engine.model.runner import ModelRunner
 from specactor_engine.policies.verify_length import CostTable
-from tests.engine.test_exactness import MAX_LEN, make_drafter, ragged_requests, run, sampling, token_ids
+from tests.engine.test_exactness import MAX_LEN, make_drafter, ragged_requests, rollout, run, sampling, token_ids
 from tests.fixtures.tiny_models import make_tiny_model, make_tokenizer
 
 K = 4
@@ -26,9 +26,10 @@ def table(fixed: float, per_token: float, batches=(1, 4, 16)) -> CostTable:
 
 
 def dynamic_engine(target, drafters, cost_table=None, shadow_rows=4) -> Engine:
-    return Engine(target, make_tokenizer(), mode="coupled", num_draft_tokens=K, max_batch_size=16,
-                  max_model_len=MAX_LEN, drafters=drafters, check_invariants=True, verify_length="dynamic",
-                  cost_table=cost_table, shadow_rows=shadow_rows)
+    config = rollout("coupled", num_draft_tokens=K, max_batch_size=16, verify_length="dynamic",
+                     shadow_rows=shadow_rows)
+    return Engine(target, make_tokenizer(), config, max_model_len=MAX_LEN, drafters=drafters,
+                  cost_table=cost_table, check_invariants=True)
 
 
 @pytest.mark.parametrize("kind", ["ngram", "model", "self"])
@@ -126,9 +127,9 @@ def test_cost_profile_is_measured_once_and_cached(tmp_path):
 def test_engine_profiles_on_first_dynamic_generate(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECACTOR_CACHE_DIR", str(tmp_path))
     target = make_tiny_model("llama", seed=2)
-    engine = Engine(target, make_tokenizer(), mode="coupled", num_draft_tokens=2, max_batch_size=16,
-                    max_model_len=MAX_LEN, drafters=[make_drafter("ngram", target, torch.float32)],
-                    verify_length="dynamic")
+    engine = Engine(target, make_tokenizer(),
+                    rollout("coupled", num_draft_tokens=2, max_batch_size=16, verify_length="dynamic"),
+                    max_model_len=MAX_LEN, drafters=[make_drafter("ngram", target, torch.float32)])
     reference = token_ids(run(target, ragged_requests(3), sampling(1.0, n=2)))
     assert token_ids(engine.generate(ragged_requests(3), sampling(1.0, n=2))) == reference
     assert engine.cost_table is not None and engine.cost_table.batch_sizes[-1] == 6

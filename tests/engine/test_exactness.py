@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from specactor_engine.config import DecoupledConfig, RolloutConfig
 from specactor_engine.drafters import DrafterContext
 from specactor_engine.drafters.model import ModelDrafter
 from specactor_engine.drafters.ngram import NgramDrafter
@@ -57,11 +58,18 @@ def make_drafter(kind: str, target, dtype: torch.dtype, max_batch_size: int = 16
     raise ValueError(kind)
 
 
+def rollout(mode: str = "ar", *, workers: bool = False, dynamic_decoupling: bool = False, **fields) -> RolloutConfig:
+    """A RolloutConfig with the engine tests' defaults (fixed verify length, no combination, static
+    decoupling) unless `fields` say otherwise; `workers`: drafter workers are handed to the engine."""
+    decoupled = DecoupledConfig(drafter="in-memory workers" if workers else None, dynamic=dynamic_decoupling)
+    return RolloutConfig(mode=mode, **{"verify_length": "fixed", "combine_below": 0, **fields}, decoupled=decoupled)
+
+
 def run(target, requests, params, mode: str = "ar", drafters=(), k: int = 4, max_batch_size: int = 16,
         acceptance_rule: str = "position_keyed"):
-    engine = Engine(target, make_tokenizer(), mode=mode, num_draft_tokens=k, max_batch_size=max_batch_size,
-                    max_model_len=MAX_LEN, drafters=list(drafters), check_invariants=True,
-                    acceptance_rule=acceptance_rule)
+    config = rollout(mode, num_draft_tokens=k, max_batch_size=max_batch_size, acceptance=acceptance_rule)
+    engine = Engine(target, make_tokenizer(), config, max_model_len=MAX_LEN, drafters=list(drafters),
+                    check_invariants=True)
     return engine.generate(requests, params)
 
 
@@ -148,8 +156,9 @@ def test_fastest_of_n_selection_is_exact(fp64_target, temperature):
     params = sampling(temperature, n=3, seed=8, max_new_tokens=30)
     plain = token_ids(run(fp64_target, requests, params))
     drafters = [make_drafter(kind, fp64_target, torch.float64) for kind in ("ngram", "suffix", "model", "self")]
-    engine = Engine(fp64_target, make_tokenizer(), mode="coupled", num_draft_tokens=3, max_batch_size=16,
-                    max_model_len=MAX_LEN, drafters=drafters, check_invariants=True, selection="fastest_of_n")
+    engine = Engine(fp64_target, make_tokenizer(),
+                    rollout("coupled", num_draft_tokens=3, max_batch_size=16, selection="fastest_of_n"),
+                    max_model_len=MAX_LEN, drafters=drafters, check_invariants=True)
     result = engine.generate(requests, params)
     assert token_ids(result) == plain
     used = {name for name, drafted in result.stats.drafted_per_drafter.items() if drafted}

@@ -19,10 +19,12 @@ import torch
 from specactor_engine.drafters import DrafterContext
 from specactor_engine.drafters.model import ModelDrafter
 from specactor_engine.drafters.ngram import NgramDrafter
+from specactor_engine.decoupled.launch import DrafterWorkers
 from specactor_engine.engine import Engine
 from specactor_engine.sampling import SamplingParams, gumbel_noise, sequence_key, warp_logits
 from specactor_engine.types import Request
 from tasks.prompts import build_prompt, reasoning_gym_items
+from tests.engine.test_exactness import rollout
 
 pytestmark = pytest.mark.real_model
 NEAR_TIE = 1e-3  # perturbed-score gap that fp32 rounding of logits (~1e-5) can flip, with margin
@@ -70,10 +72,10 @@ def test_seeded_sampling_is_speculation_invariant_on_smollm2(smollm2):
     model, tokenizer = smollm2
     requests = trace_a_requests()
     context = DrafterContext("cpu", "float32", tokenizer, model.config.vocab_size)
-    plain = Engine(model, tokenizer, mode="ar", max_model_len=1024).generate(requests, params())
+    plain = Engine(model, tokenizer, rollout("ar"), max_model_len=1024).generate(requests, params())
     drafters = [NgramDrafter(SimpleNamespace(name="ngram", min_n=1, max_n=4), context),
                 ModelDrafter(SimpleNamespace(name="self"), context, model=model, tokenizer=tokenizer)]
-    spec = Engine(model, tokenizer, mode="coupled", num_draft_tokens=4, max_model_len=1024, drafters=drafters,
+    spec = Engine(model, tokenizer, rollout("coupled", num_draft_tokens=4), max_model_len=1024, drafters=drafters,
                   check_invariants=True).generate(requests, params())
     assert spec.stats.acceptance_rate > 0.5  # the self-drafter agrees with itself
     mismatches = []
@@ -89,7 +91,7 @@ def test_seeded_sampling_is_speculation_invariant_on_smollm2(smollm2):
 
 def test_greedy_answer_is_coherent(smollm2):
     model, tokenizer = smollm2
-    engine = Engine(model, tokenizer, mode="coupled", num_draft_tokens=3, max_model_len=512,
+    engine = Engine(model, tokenizer, rollout("coupled", num_draft_tokens=3), max_model_len=512,
                     drafters=[NgramDrafter(SimpleNamespace(name="ngram", min_n=1, max_n=4), None)])
     out = engine.generate([Request("q", prompt="What is the capital of France?")],
                           params(temperature=0.0, n=1, max_new_tokens=24)).outputs[0]
@@ -132,14 +134,14 @@ def test_decoupled_matches_plain_decoding_on_smollm2(smollm2, temperature):
     model, tokenizer = smollm2
     requests = trace_a_requests()
     sampling = params(temperature=temperature, n=2, max_new_tokens=64)
-    plain = Engine(model, tokenizer, mode="ar", max_model_len=1024).generate(requests, sampling)
+    plain = Engine(model, tokenizer, rollout("ar"), max_model_len=1024).generate(requests, sampling)
     path = resolve_model("smollm2-135m-instruct", dtype="float32", cache_dir=os.environ.get("SPECACTOR_CACHE_DIR"))
     spec = WorkerSpec(str(path), "float32", 1, model.config.vocab_size)
     coordinator = DecoupledCoordinator(lambda index: LocalWorker(spec), 1)
     try:
         assert coordinator.wait_ready(300)
-        engine = Engine(model, tokenizer, mode="decoupled", num_draft_tokens=4, max_model_len=1024,
-                        coordinator=coordinator, verifier_threads=1, check_invariants=True)
+        engine = Engine(model, tokenizer, rollout("decoupled", workers=True, num_draft_tokens=4), max_model_len=1024,
+                        workers=DrafterWorkers(coordinator, verifier_threads=1), check_invariants=True)
         # the worker runs the same model on one thread, exactly as fast as the verifier: give the
         # verifier a real target's extra time per round so drafts can get ahead of it
         result = engine.generate(requests, sampling, progress=lambda done, total: time.sleep(0.1))

@@ -7,7 +7,7 @@ import torch
 from specactor_engine.drafters import Drafter
 from specactor_engine.policies.shadow import ShadowBook, ShadowDraft, matched_prefix
 from specactor_engine.types import DraftProposal
-from tests.engine.test_exactness import ragged_requests, run, sampling, token_ids
+from tests.engine.test_exactness import ragged_requests, rollout, run, sampling, token_ids
 from tests.fixtures.tiny_models import make_tiny_model, make_tokenizer
 
 
@@ -69,8 +69,8 @@ def test_shadow_scores_equal_what_verifying_the_same_drafts_accepts():
     plain = run(target, ragged_requests(4), params)
     outputs = {sequence_key(0, o.request_id, o.sample_index): o.token_ids for o in plain.outputs}
     drafter = _PartlyRight(outputs, target.config.vocab_size)
-    engine = Engine(target, make_tokenizer(), mode="coupled", num_draft_tokens=4, drafters=[drafter],
-                    verify_length="fixed")
+    engine = Engine(target, make_tokenizer(), rollout("coupled", num_draft_tokens=4, verify_length="fixed"),
+                    drafters=[drafter])
     result = engine.generate(ragged_requests(4), params)
     assert token_ids(result) == token_ids(plain)
     scored = [matched_prefix(tokens, outputs[key][start:]) for key, start, tokens in drafter.drafts]
@@ -120,8 +120,8 @@ def test_a_proposal_narrower_than_the_round_is_cut_and_shadowed_exactly():
     params = sampling(1.0, n=2, max_new_tokens=30, ignore_eos=True)
     plain = run(target, ragged_requests(4), params)
     outputs = {sequence_key(0, o.request_id, o.sample_index): o.token_ids for o in plain.outputs}
-    engine = Engine(target, make_tokenizer(), mode="coupled", num_draft_tokens=4, drafters=[_OneColumn(outputs)],
-                    verify_length="dynamic", cost_table=table(0.01, 0.001), check_invariants=True)
+    engine = Engine(target, make_tokenizer(), rollout("coupled", num_draft_tokens=4, verify_length="dynamic"),
+                    drafters=[_OneColumn(outputs)], cost_table=table(0.01, 0.001), check_invariants=True)
     policy = VerifyLengthPolicy(table(0.01, 0.001), AcceptanceStats(max_k=4), probe_every=0)
     engine.length_policy = _FixedLength(policy, 3)
     result = engine.generate(ragged_requests(4), params)

@@ -6,16 +6,20 @@ from __future__ import annotations
 import pytest
 import torch
 
+from specactor_engine.decoupled.launch import DrafterWorkers
 from specactor_engine.engine import Engine
 from tests.engine.test_decoupled import K, coordinator_for, models, slow_verifier, target  # noqa: F401 - fixtures
-from tests.engine.test_exactness import MAX_LEN, make_drafter, ragged_requests, run, sampling, token_ids
+from tests.engine.test_exactness import MAX_LEN, make_drafter, ragged_requests, rollout, run, sampling, token_ids
 from tests.fixtures.tiny_models import make_tokenizer
 
 
-def specactor_engine(target, drafters, coordinator=None, **kwargs) -> Engine:  # noqa: F811
-    return Engine(target, make_tokenizer(), mode="specactor", num_draft_tokens=K, max_batch_size=16,
-                  max_model_len=MAX_LEN, drafters=drafters, coordinator=coordinator, check_invariants=True,
-                  **kwargs)
+def specactor_engine(target, drafters, coordinator=None, cost_table=None, verifier_threads=None,
+                     **fields) -> Engine:  # noqa: F811
+    """fields: RolloutConfig fields (and `dynamic_decoupling`) over the tests' defaults."""
+    config = rollout("specactor", workers=coordinator is not None, num_draft_tokens=K, max_batch_size=16, **fields)
+    workers = DrafterWorkers(coordinator, verifier_threads) if coordinator is not None else None
+    return Engine(target, make_tokenizer(), config, max_model_len=MAX_LEN, drafters=drafters, workers=workers,
+                  cost_table=cost_table, check_invariants=True)
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +135,7 @@ def test_combined_candidates_are_exact_and_the_longer_path_wins(target, temperat
 def test_combination_needs_position_keyed_acceptance_and_several_drafters(target):  # noqa: F811
     drafters = [make_drafter(kind, target, torch.float64) for kind in ("model", "ngram")]
     assert specactor_engine(target, drafters, combine_below=8).combine_below == 8
-    assert specactor_engine(target, drafters, combine_below=8, acceptance_rule="rejection").combine_below == 0
+    assert specactor_engine(target, drafters, combine_below=8, acceptance="rejection").combine_below == 0
     assert specactor_engine(target, drafters[:1], combine_below=8).combine_below == 0
     with pytest.raises(ValueError, match="combine_below"):
         specactor_engine(target, drafters, combine_below=-1)

@@ -12,7 +12,7 @@ from specactor_engine.drafters.suffix import SEPARATOR, SuffixDrafter, SuffixHis
 from specactor_engine.engine import Engine
 from specactor_engine.state import SequenceState
 from specactor_engine.types import Request
-from tests.engine.test_exactness import MAX_LEN, sampling, token_ids
+from tests.engine.test_exactness import MAX_LEN, rollout, sampling, token_ids
 from tests.fixtures.tiny_models import make_tiny_model, make_tokenizer
 
 
@@ -58,9 +58,9 @@ def test_siblings_and_history_drive_the_drafts():
     almost entirely from the first, and outputs stay identical to plain decoding."""
     target = make_tiny_model("qwen2", seed=3, dtype=torch.float64)
     drafter = SuffixDrafter(SimpleNamespace(name="suffix", max_depth=16, min_match=1, max_history=8))
-    engine = Engine(target, make_tokenizer(), mode="coupled", num_draft_tokens=4, max_model_len=MAX_LEN,
-                    drafters=[drafter], check_invariants=True)
-    plain = Engine(target, make_tokenizer(), mode="ar", max_model_len=MAX_LEN)
+    engine = Engine(target, make_tokenizer(), rollout("coupled", num_draft_tokens=4),
+                    max_model_len=MAX_LEN, drafters=[drafter], check_invariants=True)
+    plain = Engine(target, make_tokenizer(), rollout("ar"), max_model_len=MAX_LEN)
     requests = [Request("p", prompt_token_ids=[5, 6, 7, 8, 9])]
     params = sampling(0.0, n=3, max_new_tokens=30)  # greedy: the 3 samples are the same text
     first = engine.generate(requests, params)
