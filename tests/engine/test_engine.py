@@ -161,6 +161,9 @@ def test_model_drafter_with_other_tokenizer_is_refused(target):
 
 
 def test_kv_rollback_is_a_length_change_without_copy(target):
+    """Rolling back only moves the committed length; what follows recomputes as if the dropped tokens had
+    never been written: the same logits in the same call shape (1e-6), those of a fresh full-sequence forward
+    through other kernels (fp32: 1e-4, as for logprobs), and a different token sees none of the stale KV."""
     runner = ModelRunner(target, num_slots=2, max_len=32)
     keys_before = runner.cache.keys[0].data_ptr()
     slots = torch.tensor([0, 1])
@@ -174,10 +177,21 @@ def test_kv_rollback_is_a_length_change_without_copy(target):
     assert runner.cache.keys[0].data_ptr() == keys_before
     # rolling row 0 back and re-running the same token gives the same logits
     again = runner.forward(block[:, :1], slots)
+    assert torch.allclose(again[0, 0], full[0, 1], atol=1e-6)
+    assert torch.allclose(again[1, 0], _last_logits(target, [5, 6, 7, 8, 8, 8, 8]), atol=1e-4)
+    # a different token where row 0's dropped drafts were: their KV (positions 5 and 6) must not leak
+    other = runner.forward(torch.tensor([[7], [7]]), slots)
+    assert torch.allclose(other[0, 0], _last_logits(target, [1, 2, 3, 4, 9, 7]), atol=1e-4)
+    assert not torch.allclose(other[0, 0], again[0, 0], atol=1e-2)  # the token matters: the check can fail
     runner.set_lengths(slots, torch.tensor([4, 3]))
     redo = runner.forward(block, slots)
     assert torch.allclose(redo, full, atol=1e-6)
-    assert again.shape == (2, 1, target.config.vocab_size)
+
+
+def _last_logits(model: torch.nn.Module, tokens: list[int]) -> torch.Tensor:
+    """The next-token logits after `tokens` from one plain forward (no KV cache): [V]."""
+    with torch.no_grad():
+        return model(torch.tensor([tokens])).logits[0, -1]
 
 
 def test_reserve_sizes_the_cache_that_generate_then_reuses(target):
