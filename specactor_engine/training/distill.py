@@ -16,7 +16,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from specactor_engine.drafters.draft_vocab import SubsetHead
+from specactor_engine.model.draft_vocab import SubsetHead
 
 logger = logging.getLogger(__name__)
 
