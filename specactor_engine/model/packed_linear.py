@@ -23,8 +23,12 @@ _BATCH_HINT = 128  # oneDNN's reorder takes an expected row count; the packed we
 
 
 def packing_supported(dtype: torch.dtype, device: torch.device) -> bool:
-    """oneDNN packing applies: a CPU tensor of a packable dtype on a torch built with oneDNN."""
-    return device.type == "cpu" and dtype in PACKABLE_DTYPES and torch.backends.mkldnn.is_available()
+    """oneDNN packing applies: a CPU tensor of a packable dtype on a torch built with oneDNN, and for bf16 a
+    CPU with native bf16 support (oneDNN's bf16 reorder refuses CPUs without AVX-512 BW/VL/DQ or AVX-NE-CONVERT,
+    e.g. AVX2-only machines: there the model keeps torch's own linears)."""
+    if device.type != "cpu" or dtype not in PACKABLE_DTYPES or not torch.backends.mkldnn.is_available():
+        return False
+    return dtype != torch.bfloat16 or bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def _version(tensor: torch.Tensor) -> int:
