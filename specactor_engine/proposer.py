@@ -1,0 +1,384 @@
+"""The proposer: everything that drafts in one verify round, returned as one `RoundDrafts` value.
+
+Draft sources (docs/architecture.md): the in-process drafters (in order for the rows still without
+drafts, the cascade; or one method per request, Fastest-of-N), the drafter workers' streamed drafts
+(never waited for), shadow drafts of model-free drafters kept only to score acceptance statistics
+(policies/shadow.py), and in the tail a second method's candidate per row (combination, verified
+beside the row's own draft by the verifier).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from specactor_engine.decoupled.coordinator import DecoupledCoordinator
+from specactor_engine.decoupled.sync import WorkerDrafterSync
+from specactor_engine.drafters import DraftRequest, Drafter
+from specactor_engine.policies.selector import FastestOfNSelector
+from specactor_engine.policies.shadow import ShadowBook, ShadowDraft
+from specactor_engine.policies.verify_length import VerifyLengthPolicy
+from specactor_engine.sampling import SamplingParams
+from specactor_engine.state import SequenceState
+from specactor_engine.types import DraftProposal, EngineStats
+
+WORKERS = WorkerDrafterSync.name  # the drafter workers' name as a draft method
+
+
+@dataclass
+class Candidates:
+    """Combination: second drafts from other methods, verified beside the rows' own drafts."""
+
+    rows: torch.Tensor  # [E] indices into the round's slots, one candidate per row
+    offers: DraftProposal  # token_ids [E, k], num_tokens [E]
+    methods: list[str]  # [E] each candidate's draft method
+
+
+@dataclass
+class RoundDrafts:
+    """What one round verifies and how it was drafted (R rows, k = the round's widest draft)."""
+
+    proposal: DraftProposal  # token_ids [R, k], num_tokens [R], probs [R, k, V] (rejection sampling) or None
+    sources: list[str | None]  # [R] the method whose tokens each row verifies; None: no drafts
+    caps: torch.Tensor  # [R] draft tokens each row may verify (its cap at this round's verify length)
+    full_caps: torch.Tensor | None = None  # [R] caps before the verify length; set where shadows are kept
+    chosen: list[str] | None = None  # [R] Fastest-of-N's method per row; None: cascade, or the workers alone
+    fallback: torch.Tensor | None = None  # [R] bool: drafted by another method after the chosen one gave none
+    deferred: torch.Tensor | None = None  # [R] bool: acceptance scored later from a shadow, not this verify
+    candidates: Candidates | None = None  # combination's second drafts, if this round verifies any
+    draft_s: float = 0.0  # seconds proposing the verified drafts (the critical path's drafting)
+    shadow_s: float = 0.0  # seconds drafting idle rows for statistics only
+    candidate_s: float = 0.0  # seconds drafting the combination's candidates
+    draft_s_by_drafter: dict[str, float] = field(default_factory=dict)  # in-process drafting seconds by method
+
+    def mark_fallback(self, row: int) -> None:
+        """Row `row` verifies another method's drafts: no credit (or blame) for its chosen method."""
+        if self.fallback is None:
+            self.fallback = torch.zeros(len(self.caps), dtype=torch.bool)
+        self.fallback[row] = True
+
+    def mark_deferred(self, row: int) -> None:
+        """Row `row`'s acceptance is scored from its shadow draft once it has committed that far."""
+        if self.deferred is None:
+            self.deferred = torch.zeros(len(self.caps), dtype=torch.bool)
+        self.deferred[row] = True
+
+
+def no_drafts(rows: int, caps: torch.Tensor) -> DraftProposal:
+    """An all-empty proposal [rows, max cap]."""
+    k = int(caps.max()) if len(caps) else 0
+    return DraftProposal(torch.zeros(rows, k, dtype=torch.long), torch.zeros(rows, dtype=torch.long))
+
+
+class Proposer:
+    """Drafts for one `generate` call's rounds; owns the selector's choices and the shadow drafts."""
+
+    def __init__(self, state: SequenceState, params: SamplingParams, stats: EngineStats, drafters: list[Drafter],
+                 coordinator: DecoupledCoordinator | None, selector: FastestOfNSelector | None,
+                 shadows: ShadowBook | None, shadow_rows: int, rejection: bool, vocab_size: int,
+                 output_of: Callable[[int], tuple[list[int], int, bool]]) -> None:
+        """output_of(slot): the row's (output ids, sequence key, finished), for shadow drafts."""
+        self.state = state
+        self.params = params
+        self.stats = stats
+        self.drafters = drafters
+        self.coordinator = coordinator
+        self.selector = selector
+        self.shadows = shadows
+        self.shadow_drafters = [d for d in drafters if d.model_free]
+        self.shadow_rows = shadow_rows
+        self.shadow_cursor = 0  # rows drafted only for statistics take turns by slot
+        self.rejection = rejection
+        self.vocab_size = vocab_size
+        self.output_of = output_of
+
+    # ------------------------------------------------------------------ the round's drafts
+    def propose(self, slots: torch.Tensor, caps: torch.Tensor, full_caps: torch.Tensor | None, workers_on: bool,
+                shadow_idle: bool) -> RoundDrafts:
+        """Drafts for `slots` [R] up to `caps` [R]; `full_caps` [R] (shadow drafting) the caps before the
+        verify length. workers_on: the drafter workers are drafting this round (not paused);
+        shadow_idle: also draft idle rows as shadows (statistics only)."""
+        drafts = RoundDrafts(no_drafts(len(slots), caps), [None] * len(slots), caps, full_caps)
+        started = time.perf_counter()
+        if self.coordinator is None:
+            self._propose_in_process(slots, drafts)
+        elif not self.drafters:
+            self._take(slots, drafts)
+        else:
+            self._propose_mixed(slots, drafts, workers_on)
+        drafts.draft_s = time.perf_counter() - started
+        if shadow_idle:
+            started = time.perf_counter()
+            self._shadow_idle_rows(slots, drafts)
+            drafts.shadow_s = time.perf_counter() - started
+        return drafts
+
+    def add_candidates(self, slots: torch.Tensor, drafts: RoundDrafts, max_rows: int) -> None:
+        """Combination: second candidates from the other in-process methods, at most `max_rows`."""
+        started = time.perf_counter()
+        drafts.candidates = self._candidates(slots, drafts, max_rows)
+        drafts.candidate_s = time.perf_counter() - started
+
+    def _row_verify_s(self) -> float:
+        """A row's share of a verify round so far (what every draft method pays per round)."""
+        return self.stats.verify_s / max(self.stats.row_rounds, 1)
+
+    def _propose_in_process(self, slots: torch.Tensor, drafts: RoundDrafts) -> None:
+        """Cascade: each drafter in order drafts for the rows still without drafts. Fastest-of-N:
+        the selector gives each row one drafter (drafts.chosen), which alone drafts for it."""
+        caps = drafts.caps
+        if not len(caps) or int(caps.max()) == 0 or not self.drafters:
+            return
+        if self.selector is not None:
+            drafts.chosen = self.selector.choose(self.state.seq_keys[slots].tolist(), self._row_verify_s())
+        self._draft_rows(slots, drafts, caps > 0)
+
+    def _take(self, slots: torch.Tensor, drafts: RoundDrafts) -> None:
+        """Workers only: whatever drafts have streamed in for these rows, up to their caps; never waits."""
+        assert self.coordinator is not None
+        self.coordinator.poll()
+        tokens, num = self.coordinator.take(slots.numpy(), drafts.caps.numpy())
+        drafts.proposal = DraftProposal(torch.from_numpy(tokens), torch.from_numpy(num))
+        drafts.sources = [WORKERS if n else None for n in num.tolist()]
+
+    def _propose_mixed(self, slots: torch.Tensor, drafts: RoundDrafts, workers_on: bool) -> None:
+        """Workers and in-process drafters: the selector gives each row one method, the workers'
+        streamed drafts or an in-process drafter; a row whose in-process drafter supplies nothing takes
+        the workers' drafts if any have arrived. With the workers paused only in-process drafters are
+        chosen. Never waits for the workers."""
+        assert self.coordinator is not None
+        caps = drafts.caps
+        self.coordinator.poll()
+        started = time.perf_counter()
+        stream_tokens, stream_num = (torch.from_numpy(a) for a in self.coordinator.take(slots.numpy(), caps.numpy()))
+        take_s = time.perf_counter() - started
+        if not len(caps) or int(caps.max()) == 0:
+            return
+        methods = [d.name for d in self.drafters]
+        if workers_on:
+            methods = [WORKERS, *methods]
+        if self.selector is not None:
+            drafts.chosen = self.selector.choose(self.state.seq_keys[slots].tolist(), self._row_verify_s(), methods)
+            if workers_on:
+                self.selector.observe_cost(WORKERS, take_s, len(slots))
+        else:
+            drafts.chosen = [methods[0]] * len(slots)
+        by_workers = torch.tensor([c == WORKERS for c in drafts.chosen])
+        self._draft_rows(slots, drafts, (caps > 0) & ~by_workers)
+        merged = drafts.proposal
+        fill = (caps > 0) & (merged.num_tokens == 0) & (stream_num > 0) if workers_on else torch.zeros_like(caps > 0)
+        drafts.fallback = fill & ~by_workers
+        rows = fill.nonzero().flatten()
+        width = stream_tokens.shape[1]
+        merged.token_ids[rows, :width] = stream_tokens[rows]
+        merged.num_tokens[rows] = stream_num[rows]
+        for row in rows.tolist():
+            drafts.sources[row] = WORKERS
+
+    def _draft_rows(self, slots: torch.Tensor, drafts: RoundDrafts, need: torch.Tensor) -> None:
+        """In-process drafters for the rows in `need` [R] bool: each row's chosen drafter (drafts.chosen),
+        or without a choice the cascade. Fills drafts.proposal and drafts.sources."""
+        merged, caps, full_caps = drafts.proposal, drafts.caps, drafts.full_caps
+        need = need.clone()
+        probs_parts: list[tuple[torch.Tensor, torch.Tensor]] = []
+        for drafter in self.drafters:
+            mine = need if drafts.chosen is None else need & torch.tensor([c == drafter.name for c in drafts.chosen])
+            rows = mine.nonzero().flatten()
+            if len(rows) == 0:
+                continue
+            shadowing = full_caps is not None and drafter.model_free
+            asked = full_caps[rows] if shadowing else caps[rows]
+            request = DraftRequest(slots[rows], asked, self.params, coupled_noise=not self.rejection)
+            started = time.perf_counter()
+            proposal = drafter.propose(self.state, request)
+            if shadowing:  # drafted to the cap: what this round does not verify is scored as a shadow
+                proposal = self._shadow_beyond(slots, rows, drafts, proposal, drafter.name)
+            self._observe_cost(drafts, drafter.name, time.perf_counter() - started, len(rows))
+            got = proposal.num_tokens > 0
+            taken = rows[got]
+            width = proposal.token_ids.shape[1]
+            merged.token_ids[taken, :width] = proposal.token_ids[got]
+            merged.num_tokens[taken] = proposal.num_tokens[got]
+            if proposal.probs is not None:
+                probs_parts.append((taken, proposal.probs[got]))
+            for row in taken.tolist():
+                drafts.sources[row] = drafter.name
+            need[taken] = False
+        if self.rejection and probs_parts:
+            merged.probs = self._merge_probs(merged, probs_parts)
+
+    def _observe_cost(self, drafts: RoundDrafts, name: str, spent: float, rows: int) -> None:
+        """Book an in-process drafter's seconds: this round's, the call's, and the selector's cost model."""
+        drafts.draft_s_by_drafter[name] = drafts.draft_s_by_drafter.get(name, 0.0) + spent
+        self.stats.draft_s_per_drafter[name] = self.stats.draft_s_per_drafter.get(name, 0.0) + spent
+        if self.selector is not None:
+            self.selector.observe_cost(name, spent, rows)
+
+    def _merge_probs(self, merged: DraftProposal, parts: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        """Draft distributions [R, k, V]: given ones where a drafter sampled, one-hot elsewhere."""
+        R, k = merged.token_ids.shape
+        probs = torch.zeros(R, k, self.vocab_size, dtype=torch.float64)
+        probs.scatter_(-1, merged.token_ids[..., None], 1.0)
+        for rows, part in parts:
+            probs[rows, : part.shape[1]] = part.to(torch.float64)
+        return probs
+
+    # ------------------------------------------------------------------ combination (the tail)
+    def _candidates(self, slots: torch.Tensor, drafts: RoundDrafts, max_rows: int) -> Candidates | None:
+        """Second candidates from the other in-process methods for rows of this round.
+
+        At most one per row and `max_rows` in all. A candidate that is a prefix of the row's own draft
+        gains nothing and is dropped; a row whose own method drafted nothing simply takes the
+        candidate as its draft (no second row needed).
+        """
+        caps, proposal, sources = drafts.caps, drafts.proposal, drafts.sources
+        open_rows = (caps > 0).nonzero().flatten().tolist()
+        found: dict[int, tuple[torch.Tensor, int, str]] = {}
+        for drafter in self.drafters:
+            rows = [r for r in open_rows if r not in found and sources[r] != drafter.name]
+            if not rows:
+                continue
+            picked = torch.tensor(rows)
+            started = time.perf_counter()
+            offer = drafter.propose(self.state, DraftRequest(slots[picked], caps[picked], self.params,
+                                                             coupled_noise=True))
+            if self.selector is not None:
+                self.selector.observe_cost(drafter.name, time.perf_counter() - started, len(rows))
+            for i, row in enumerate(rows):
+                n = int(offer.num_tokens[i])
+                if n == 0:
+                    continue
+                own = int(proposal.num_tokens[row])
+                tokens = offer.token_ids[i, :n]
+                if n <= own and torch.equal(tokens, proposal.token_ids[row, :n]):
+                    continue  # a prefix of the row's own draft
+                if own == 0:  # nothing of its own: the candidate becomes the row's draft
+                    width = min(n, proposal.token_ids.shape[1])
+                    proposal.token_ids[row, :width] = tokens[:width]
+                    proposal.num_tokens[row] = width
+                    sources[row] = drafter.name
+                    drafts.mark_fallback(row)  # not the chosen method's drafts: no credit for it
+                    continue
+                found[row] = (tokens, n, drafter.name)
+        rows = sorted(found)[:max_rows]
+        if not rows:
+            return None
+        k = proposal.token_ids.shape[1]
+        offers = DraftProposal(torch.zeros(len(rows), k, dtype=torch.long), torch.zeros(len(rows), dtype=torch.long))
+        for i, row in enumerate(rows):
+            tokens, n, _ = found[row]
+            n = min(n, k)
+            offers.token_ids[i, :n], offers.num_tokens[i] = tokens[:n], n
+        return Candidates(torch.tensor(rows), offers, [found[row][2] for row in rows])
+
+    # ------------------------------------------------------------------ shadow drafts (policies/shadow.py)
+    def _shadow(self, slot: int, tokens: torch.Tensor, cap: int, method: str) -> None:
+        """Keep a row's draft [n] (made with `cap` slots) to score once the row has committed that far."""
+        assert self.shadows is not None
+        output, key, _ = self.output_of(slot)
+        self.shadows.add(slot, ShadowDraft(len(output), tuple(tokens.tolist()), cap, method, key))
+
+    def _shadow_beyond(self, slots: torch.Tensor, rows: torch.Tensor, drafts: RoundDrafts, proposal: DraftProposal,
+                       method: str) -> DraftProposal:
+        """A model-free drafter drafted `rows` (indices into `slots`) to their full caps: rows whose verify
+        length this round is shorter keep the whole draft as a shadow (their acceptance is then scored
+        from it, not from the verify: drafts.deferred); the proposal is cut to this round's caps."""
+        assert self.shadows is not None and drafts.full_caps is not None
+        caps = drafts.caps
+        cut = caps[rows]
+        for i, row in enumerate(rows.tolist()):
+            slot, full = int(slots[row]), int(drafts.full_caps[row])
+            if full > int(cut[i]) and slot not in self.shadows:
+                self._shadow(slot, proposal.token_ids[i, : int(proposal.num_tokens[i])], full, method)
+                drafts.mark_deferred(row)
+        # a drafter may return fewer columns than asked (its longest draft), so the round's width can be
+        # wider or narrower than the proposal: copy what fits into a zero-padded [rows, width]
+        width = int(caps.max()) if len(caps) else 0
+        num = torch.minimum(proposal.num_tokens, cut)
+        tokens = torch.zeros(len(rows), width, dtype=proposal.token_ids.dtype)
+        kept = min(width, proposal.token_ids.shape[1])
+        tokens[:, :kept] = proposal.token_ids[:, :kept]
+        tokens[torch.arange(width)[None, :] >= num[:, None]] = 0
+        return DraftProposal(token_ids=tokens, num_tokens=num, probs=proposal.probs)
+
+    def _shadow_idle_rows(self, slots: torch.Tensor, drafts: RoundDrafts) -> None:
+        """Draft, for statistics only, up to `shadow_rows` rows that verify no drafts this round (taking
+        turns by slot), each with the selector's model-free method for its request (the cascade without
+        a selector)."""
+        assert self.shadows is not None and drafts.full_caps is not None
+        full = drafts.full_caps
+        idle = [row for row in ((drafts.caps == 0) & (full > 0)).nonzero().flatten().tolist()
+                if int(slots[row]) not in self.shadows]
+        if not idle:
+            return
+        idle.sort(key=lambda row: (int(slots[row]) < self.shadow_cursor, int(slots[row])))
+        picked = idle[: self.shadow_rows]
+        self.shadow_cursor = int(slots[picked[-1]]) + 1
+        names = [d.name for d in self.shadow_drafters]
+        chosen = dict(zip(picked, self.selector.choose(self.state.seq_keys[slots[picked]].tolist(),
+                                                       self._row_verify_s(), names))) if self.selector else {}
+        waiting = list(picked)
+        for position, drafter in enumerate(self.shadow_drafters):
+            mine = [row for row in waiting if chosen.get(row, drafter.name) == drafter.name]
+            if not mine:
+                continue
+            index = torch.tensor(mine)
+            started = time.perf_counter()
+            proposal = drafter.propose(self.state, DraftRequest(slots[index], full[index], self.params))
+            self._observe_cost(drafts, drafter.name, time.perf_counter() - started, len(mine))
+            last = position == len(self.shadow_drafters) - 1
+            for i, row in enumerate(mine):
+                n = int(proposal.num_tokens[i])
+                if n or chosen or last:  # the cascade leaves a row without drafts to the next drafter
+                    self._shadow(int(slots[row]), proposal.token_ids[i, :n], int(full[row]), drafter.name)
+                    waiting.remove(row)
+
+    def score_shadows(self, length_policy: VerifyLengthPolicy | None) -> dict[str, list[int]]:
+        """Score the shadow drafts of rows that have now committed past them (or finished); feed the
+        verify length's acceptance statistics and the selector. Returns method -> [drafts, accepted]."""
+        scored: dict[str, list[int]] = {}
+        if self.shadows is None or not self.shadows.pending:
+            return scored
+        caps, accepted, requests, methods = [], [], [], []
+        for slot in list(self.shadows.pending):
+            output, _, finished = self.output_of(slot)
+            done = self.shadows.resolve(slot, output, finished)
+            if done is None:
+                continue
+            draft, got = done
+            caps.append(draft.cap)
+            accepted.append(got)
+            requests.append(draft.request)
+            methods.append(draft.method)
+        if not caps:
+            return scored
+        stats = self.stats
+        stats.shadow_drafts += len(caps)
+        stats.shadow_accepted += sum(accepted)
+        for method, got in zip(methods, accepted):
+            stats.shadow_drafts_per_drafter[method] = stats.shadow_drafts_per_drafter.get(method, 0) + 1
+            stats.shadow_accepted_per_drafter[method] = stats.shadow_accepted_per_drafter.get(method, 0) + got
+            counts = scored.setdefault(method, [0, 0])
+            counts[0], counts[1] = counts[0] + 1, counts[1] + got
+        if length_policy is not None:
+            length_policy.stats.observe(caps, accepted)
+        if self.selector is not None:
+            self.selector.observe(requests, methods, accepted)
+        return scored
+
+    # ------------------------------------------------------------------ after the verify
+    def credit(self, slots: torch.Tensor, drafts: RoundDrafts, accepted: torch.Tensor) -> None:
+        """Fastest-of-N: credit each row's chosen method with its own drafts' acceptance `accepted` [R]
+        (not a winning candidate's); a row whose method drafted nothing (another filled in) counts as
+        nothing accepted for it, and rows scored from shadows are credited when those resolve."""
+        if self.selector is None or drafts.chosen is None:
+            return
+        caps = drafts.caps
+        drafted = caps > 0 if drafts.deferred is None else (caps > 0) & ~drafts.deferred
+        keys = self.state.seq_keys[slots][drafted].tolist()
+        methods = [m for m, d in zip(drafts.chosen, drafted.tolist()) if d]
+        credited = accepted if drafts.fallback is None else torch.where(drafts.fallback, 0, accepted)
+        self.selector.observe(keys, methods, credited[drafted].tolist())
