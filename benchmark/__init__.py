@@ -1,7 +1,8 @@
-"""Side-by-side benchmark harness (BENCHMARK.md, issue 4).
+"""Side-by-side benchmark harness (docs/benchmarking.md, issue 4).
 
-`traces` defines the workloads, `systems` the things compared (a registry: `hf`, `ar`,
-`coupled`, `oracle`; later `vllm`, `decoupled`, `specactor`), `worker` runs one system once
-in its own process (clean RSS, own thread budget), `run` interleaves repeats and writes
-`results.json` / `results.md`, and `cli` is the `bench` command.
+`traces` defines the workloads; `systems` is the registry of the things compared, built from the
+tables of engine variants (`engine_systems`) and vLLM variants (`vllm_system`) plus `hf_system` and
+the oracle's plumbing (`oracle`), all behind `interface.System`; `worker` runs one system once in
+its own process (clean RSS, own thread budget), `run` interleaves repeats and writes `results.json` /
+`results.md`, and `cli` is the `bench` command.
 """

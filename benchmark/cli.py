@@ -79,7 +79,7 @@ def bench(
         "--report-only", help="Run nothing: rebuild results.json, results.md and the plots of --out from its runs/ "
         "(after a change to the report).")] = False,
 ) -> None:
-    """Run systems side by side on one trace (BENCHMARK.md) and write the results."""
+    """Run systems side by side on one trace (docs/benchmarking.md) and write the results."""
     from benchmark.run import BenchPlan, rerender, run_bench
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")

@@ -1,4 +1,4 @@
-"""PNG plots of one benchmark run (BENCHMARK.md "Output"), drawn from results.json and runs/*.json.
+"""PNG plots of one benchmark run (docs/benchmarking.md "Output"), drawn from results.json and runs/*.json.
 
     makespan.png      makespan per system: median bar, min-max whiskers
     throughput.png    sequences finished over wall time (every system: the tail shows as a

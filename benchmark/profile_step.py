@@ -50,7 +50,7 @@ def main(trace_name: Annotated[str, typer.Option("--trace", help="Whose target a
     """Profile the engine's one-token decode step on the trace's target."""
     from torch.profiler import ProfilerActivity, profile
 
-    from benchmark.systems import RunSpec, load_target
+    from benchmark.interface import RunSpec, load_target
     from specactor_engine.model.runner import ModelRunner
     from specactor_engine.sampling import SamplingParams, sample_tokens
 

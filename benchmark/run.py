@@ -66,7 +66,7 @@ class BenchPlan:
     threads: int = 2
     max_load: float | None = None  # wait for a 1-minute load average at most this before starting
     profile: tuple[str, ...] = ()  # systems to run under cProfile (timed region only)
-    oracle_passes: int = 1  # see OracleEngine
+    oracle_passes: int = 1  # see OracleSystem (benchmark/oracle.py)
     slow_systems: tuple[str, ...] = ()  # these run `slow_repeats` times instead of `repeats`
     slow_repeats: int = 1
 

@@ -1,4 +1,4 @@
-"""Rollout traces of BENCHMARK.md: which prompts, how many samples, how long, how sampled.
+"""Rollout traces of docs/benchmarking.md: which prompts, how many samples, how long, how sampled.
 
 A trace is a frozen value; `with_overrides` derives a variant (a subset of prompts for the
 batch-1 figures, greedy instead of temperature 1, another model pair) and `build_requests`
@@ -123,7 +123,7 @@ def trace_items(trace: Trace) -> list[dict[str, Any]]:
 
 
 def build_requests(trace: Trace) -> list[Request]:
-    """One chat request per prompt (BENCHMARK.md instruction); samples come from `sampling.n`."""
+    """One chat request per prompt (docs/benchmarking.md instruction); samples come from `sampling.n`."""
     from tasks.prompts import build_prompt
 
     return [Request(request_id=item["id"], messages=build_prompt(item["question"])) for item in trace_items(trace)]

@@ -1,0 +1,194 @@
+"""This project's engine in every configuration the benchmark compares, as one table.
+
+A row (`EngineVariant`) names a system and says how it configures the engine: the mode, the draft
+methods, a fixed or dynamic verify length, whether the trace's draft model runs in a drafter worker
+process, and whether the target uses the CPU kernels. One class, `EngineSystem`, turns a row and a
+run spec into a `SpecActorConfig` and builds the engine with `Engine.from_config`, the constructor
+`specactor rollout` uses: a benchmarked system is what a user gets from the same config, and every
+setting a row does not name (combine_below, shadow_rows, worker threads, ...) is the config's default.
+The draft length comes from the run spec (`--num-draft-tokens`, or K of `NAME@K`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Iterator, Literal, Sequence
+
+import torch
+
+from benchmark.interface import FinishClock, Generation, RunSpec, SequenceResult, System, resolve_local
+from specactor_engine.config import (
+    DecoupledConfig,
+    DrafterConfig,
+    ModelConfig,
+    ModelDrafterConfig,
+    NgramDrafterConfig,
+    RolloutConfig,
+    RolloutMode,
+    SamplingConfig,
+    SpecActorConfig,
+    SuffixDrafterConfig,
+)
+from specactor_engine.drafters import Drafter
+from specactor_engine.types import Request
+
+ALL_AT_ONCE = 1 << 16  # rollout.max_batch_size meaning "every sequence in one batch"
+WORKER_START_TIMEOUT_S = 600
+
+# Where a variant's drafts come from. "trace": the trace's draft model in process (the n-gram drafter
+# when the trace has none); "suffix", "ngram": those config drafters; "oracle": the reference run's own
+# outputs, not a config kind: the oracle system hands it to the engine itself (benchmark/oracle.py).
+DraftSource = Literal["trace", "suffix", "ngram", "oracle"]
+
+
+@dataclass(frozen=True)
+class EngineVariant:
+    """One engine system: what it sets in the rollout config (the rest stays at the config's defaults).
+
+    workers: the trace's draft model, when it has one, runs in a drafter worker process (1 thread; the
+    verifier keeps the others) instead of in process.
+    """
+
+    name: str
+    mode: RolloutMode
+    description: str
+    drafters: tuple[DraftSource, ...] = ()
+    verify_length: Literal["fixed", "dynamic"] = "fixed"
+    workers: bool = False
+    cpu_kernels: bool = True
+
+    @property
+    def needs_reference(self) -> bool:
+        """Drafts from the `ar` run's outputs: `ar` runs first and hands them over."""
+        return "oracle" in self.drafters
+
+
+ENGINE_VARIANTS: tuple[EngineVariant, ...] = (
+    EngineVariant("ar", "ar", "The engine without speculation: the speed and identity reference."),
+    EngineVariant("ar-torch", "ar", "`ar` with torch's own linear and attention ops (model.cpu_kernels=false): "
+                  "what the kernels buy.", cpu_kernels=False),
+    EngineVariant("coupled", "coupled", "Draft-then-verify with the trace's draft model (or the n-gram drafter) at "
+                  "a fixed k.", ("trace",)),
+    EngineVariant("coupled-dynamic", "coupled", "Coupled, with the verify length chosen per round by the cost model "
+                  "(0..k; 0 = plain decoding).", ("trace",), "dynamic"),
+    EngineVariant("coupled-suffix", "coupled", "The suffix drafter alone (prompt, group siblings, earlier rollouts), "
+                  "dynamic verify length: a single-drafter baseline for `specactor`.", ("suffix",), "dynamic"),
+    EngineVariant("coupled-ngram", "coupled", "The n-gram drafter alone, dynamic verify length: a single-drafter "
+                  "baseline for `specactor` (on traces without a draft model `coupled-dynamic` is the same system).",
+                  ("ngram",), "dynamic"),
+    EngineVariant("decoupled", "decoupled", "The trace's draft model in a worker process; the verifier never waits; "
+                  "dynamic verify length and dynamic decoupling.", (), "dynamic", workers=True),
+    EngineVariant("specactor", "specactor", "Per request, Fastest-of-N over the suffix and n-gram drafters and, when "
+                  "the trace has a draft model, a drafter worker streaming its drafts; dynamic verify length and "
+                  "dynamic decoupling.", ("suffix", "ngram"), "dynamic", workers=True),
+    EngineVariant("oracle", "coupled", "Coupled mode fed the target's own final outputs: the ceiling at this verify "
+                  "length.", ("oracle",)),
+    EngineVariant("oracle-dynamic", "coupled", "The oracle with the cost-model verify length: no drafter can beat "
+                  "it on this machine, so it bounds every speed goal.", ("oracle",), "dynamic"),
+)
+
+
+def engine_config(variant: EngineVariant, spec: RunSpec) -> SpecActorConfig:
+    """The config that runs `variant` on the spec's trace, as `specactor rollout` would be given it.
+
+    Models are named by their local directories, resolved here without downloading (a benchmark
+    measures what is there). An oracle's config keeps the default drafters: `drafters=` replaces them.
+    """
+    target = str(resolve_local(spec.target, spec.dtype))
+    fields: dict[str, Any] = {"decoupled": _worker_settings(variant, spec)}
+    if not variant.needs_reference:
+        fields["drafters"] = [_drafter_config(source, spec) for source in variant.drafters]
+    rollout = RolloutConfig(mode=variant.mode, num_draft_tokens=spec.num_draft_tokens,
+                            verify_length=variant.verify_length, max_batch_size=spec.max_batch_size or ALL_AT_ONCE,
+                            **fields)
+    return SpecActorConfig(model=ModelConfig(target=target, dtype=spec.dtype, cpu_kernels=variant.cpu_kernels),
+                           rollout=rollout, threads=spec.threads)
+
+
+def _drafter_config(source: DraftSource, spec: RunSpec) -> DrafterConfig:
+    """The config drafter behind one draft source of a row."""
+    if source == "suffix":
+        return SuffixDrafterConfig()
+    if source == "trace" and spec.drafter is not None:
+        return ModelDrafterConfig(model=str(resolve_local(spec.drafter, spec.dtype)), dtype=spec.dtype)
+    if source in ("trace", "ngram"):
+        return NgramDrafterConfig()
+    raise ValueError(f"draft source {source!r} is not a config drafter (the system hands it to the engine)")
+
+
+def _worker_settings(variant: EngineVariant, spec: RunSpec) -> DecoupledConfig:
+    """Drafter workers on the trace's draft model where the row runs them and the trace has one."""
+    if not variant.workers or spec.drafter is None:
+        return DecoupledConfig()
+    return DecoupledConfig(drafter=str(resolve_local(spec.drafter, spec.dtype)), dtype=spec.dtype)
+
+
+@contextlib.contextmanager
+def _torch_threads(count: int | None) -> Iterator[None]:
+    """Run the block on `count` torch threads (None: as many as now), then restore the count."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(count or previous)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+class EngineSystem(System):
+    """The engine configured by one `EngineVariant`, built through `Engine.from_config`.
+
+    drafters: in-process drafters that replace the config's (the oracle's lookup drafter).
+    """
+
+    def __init__(self, variant: EngineVariant, spec: RunSpec, drafters: Sequence[Drafter] | None = None) -> None:
+        from specactor_engine.engine import Engine
+
+        if variant.mode == "decoupled" and spec.drafter is None:
+            raise RuntimeError(f"{variant.name} needs a draft model (this trace has none)")
+        self.variant = variant
+        self.engine = Engine.from_config(engine_config(variant, spec), drafters=drafters)
+        self._wait_for_workers()
+
+    def _wait_for_workers(self) -> None:
+        """Workers load their model in the background and rounds run without their drafts until then;
+        the benchmark waits, so their start-up is load time, not warm-up or makespan."""
+        workers = self.engine.workers
+        if workers is not None and not workers.coordinator.wait_ready(WORKER_START_TIMEOUT_S):
+            self.engine.close()
+            raise RuntimeError("the drafter worker did not start")
+
+    def prepare(self, requests: Sequence[Request], sampling: SamplingConfig) -> None:
+        """The verify-cost profile (measured at the verifier's thread count) and the KV caches belong
+        to start-up, as vLLM sizes its own there: neither is part of the makespan."""
+        workers = self.engine.workers
+        with _torch_threads(workers.verifier_threads if workers is not None else None):
+            self.engine.prepare_length_policy(requests, sampling)
+        self.engine.reserve(requests, sampling)
+
+    def set_history(self, requests: Sequence[Request], history: dict[str, list[list[int]]] | None) -> None:
+        from specactor_engine.drafters.suffix import SuffixDrafter, SuffixHistory
+        from specactor_engine.tokenize import encode_request
+
+        for drafter in self.engine.drafters:
+            if not isinstance(drafter, SuffixDrafter):
+                continue
+            drafter.history = SuffixHistory(drafter.history.max_per_prompt)  # the warm-up is not history
+            for request in requests if history else ():
+                prompt_ids, _ = encode_request(request, self.engine.tokenizer, self.engine.chat_template)
+                for output in history.get(request.request_id, []):
+                    drafter.history.add(prompt_ids or [], output)
+
+    def generate(self, requests: Sequence[Request], sampling: SamplingConfig, clock: FinishClock) -> Generation:
+        result = self.engine.generate(requests, sampling, progress=clock.progress)
+        sequences = [SequenceResult(o.request_id, o.sample_index, o.token_ids, o.text, o.finish_reason)
+                     for o in result.outputs]
+        return Generation(sequences, result.stats.to_dict())
+
+    def external_cpu_s(self) -> float:
+        """The drafter workers' CPU time: their processes draft for this system."""
+        workers = self.engine.workers
+        return sum(w.transport.cpu_s() for w in workers.coordinator.workers) if workers is not None else 0.0
+
+    def close(self) -> None:
+        self.engine.close()

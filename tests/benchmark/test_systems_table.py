@@ -1,0 +1,87 @@
+"""The table of benchmarked systems: every name resolves, and each engine row configures the engine as
+the classes it replaced did (no model is loaded: the configs are built and compared)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from benchmark.engine_systems import ALL_AT_ONCE, ENGINE_VARIANTS, EngineSystem, engine_config
+from benchmark.interface import RunSpec
+from benchmark.systems import SYSTEMS, system_unavailable
+from benchmark.traces import TRACES
+from specactor_engine.config import RolloutConfig
+
+# name -> (mode, in-process drafter kinds with / without a draft model, verify length, workers with a
+# draft model, cpu kernels); the oracles' drafter is handed in, so their config keeps the defaults
+EXPECTED = {
+    "ar": ("ar", [], [], "fixed", False, True),
+    "ar-torch": ("ar", [], [], "fixed", False, False),
+    "coupled": ("coupled", ["model"], ["ngram"], "fixed", False, True),
+    "coupled-dynamic": ("coupled", ["model"], ["ngram"], "dynamic", False, True),
+    "coupled-suffix": ("coupled", ["suffix"], ["suffix"], "dynamic", False, True),
+    "coupled-ngram": ("coupled", ["ngram"], ["ngram"], "dynamic", False, True),
+    "decoupled": ("decoupled", [], None, "dynamic", True, True),
+    "specactor": ("specactor", ["suffix", "ngram"], ["suffix", "ngram"], "dynamic", True, True),
+    "oracle": ("coupled", ["suffix", "ngram"], ["suffix", "ngram"], "fixed", False, True),
+    "oracle-dynamic": ("coupled", ["suffix", "ngram"], ["suffix", "ngram"], "dynamic", False, True),
+}
+
+
+def _model_dir(path: Path) -> Path:
+    path.mkdir()
+    (path / "config.json").write_text("{}")
+    return path
+
+
+@pytest.fixture
+def specs(tmp_path: Path) -> dict[bool, RunSpec]:
+    """Run specs with (True) and without (False) a draft model, at draft length 3, batch unlimited."""
+    target, drafter = _model_dir(tmp_path / "target"), _model_dir(tmp_path / "drafter")
+    return {with_drafter: RunSpec(system="", trace=TRACES["quick"], target=str(target),
+                                  drafter=str(drafter) if with_drafter else None, dtype="float32",
+                                  num_draft_tokens=3, threads=2)
+            for with_drafter in (True, False)}
+
+
+def test_every_system_name_is_registered_in_order():
+    assert list(SYSTEMS) == ["hf", "ar", "ar-torch", "coupled", "coupled-dynamic", "coupled-suffix", "coupled-ngram",
+                             "decoupled", "specactor", "oracle", "oracle-dynamic", "vllm", "vllm-spec", "vllm-ngram"]
+    assert [name for name, entry in SYSTEMS.items() if entry.needs_reference] == ["oracle", "oracle-dynamic"]
+    assert system_unavailable("ar") is None and system_unavailable("nothing") is None
+
+
+@pytest.mark.parametrize("variant", ENGINE_VARIANTS, ids=lambda v: v.name)
+def test_each_engine_row_configures_the_engine_like_before(variant, specs):
+    mode, with_model, without_model, verify_length, workers, cpu_kernels = EXPECTED[variant.name]
+    for with_drafter, kinds in ((True, with_model), (False, without_model)):
+        if kinds is None:
+            continue
+        config = engine_config(variant, specs[with_drafter])
+        rollout = config.rollout
+        assert (rollout.mode, [d.kind for d in rollout.drafters], rollout.verify_length) == \
+            (mode, kinds, verify_length), (variant.name, with_drafter)
+        assert (rollout.decoupled.drafter is not None) == (workers and with_drafter), variant.name
+        assert config.model.cpu_kernels == cpu_kernels and config.threads == 2
+        assert rollout.num_draft_tokens == 3 and rollout.max_batch_size == ALL_AT_ONCE
+        # every setting a row does not name is the config's own default
+        defaults = RolloutConfig()
+        assert (rollout.combine_below, rollout.shadow_rows, rollout.acceptance, rollout.selection) == \
+            (defaults.combine_below, defaults.shadow_rows, defaults.acceptance, defaults.selection)
+
+
+def test_decoupled_needs_a_draft_model(specs):
+    decoupled = next(v for v in ENGINE_VARIANTS if v.name == "decoupled")
+    with pytest.raises(RuntimeError, match="decoupled needs a draft model"):
+        EngineSystem(decoupled, specs[False])
+
+
+def test_vllm_speculation_follows_the_row(specs):
+    from benchmark.vllm_system import VLLM_VARIANTS, speculative_config
+
+    configs = {(v.name, d): speculative_config(v.speculation, specs[d]) for v in VLLM_VARIANTS for d in (True, False)}
+    assert configs[("vllm", True)] is None and configs[("vllm", False)] is None
+    assert configs[("vllm-spec", True)] == {"model": specs[True].drafter, "num_speculative_tokens": 3}
+    ngram = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 1}
+    assert configs[("vllm-spec", False)] == configs[("vllm-ngram", True)] == configs[("vllm-ngram", False)] == ngram
