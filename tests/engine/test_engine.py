@@ -210,14 +210,14 @@ def test_reserve_sizes_the_cache_that_generate_then_reuses(target):
 def test_decoding_returns_freed_heap_memory_every_few_rounds(target, monkeypatch):
     """The decode loop trims glibc's heap every TRIM_HEAP_EVERY rounds (a long CPU rollout's resident
     memory otherwise climbs with fragmentation), and trimming changes no output."""
-    import specactor_engine.engine as engine_module
+    import specactor_engine.run as loop_module
     from specactor_engine.model.heap import release_free_memory
 
     assert release_free_memory() is True  # glibc (Linux): the trim really runs here
     plain = run(target, ragged_requests(3), sampling(1.0, n=2, max_new_tokens=12), "ar", [])
     calls = []
-    monkeypatch.setattr(engine_module, "TRIM_HEAP_EVERY", 2)
-    monkeypatch.setattr(engine_module, "release_free_memory", lambda: calls.append(1) or True)
+    monkeypatch.setattr(loop_module, "TRIM_HEAP_EVERY", 2)
+    monkeypatch.setattr(loop_module, "release_free_memory", lambda: calls.append(1) or True)
     trimmed = run(target, ragged_requests(3), sampling(1.0, n=2, max_new_tokens=12), "ar", [])
     assert len(calls) >= 5  # >= 12 rounds, one trim every 2
     assert token_ids(trimmed) == token_ids(plain)

@@ -1,0 +1,404 @@
+"""One `generate` call's decode loop: admission (prefill), then verify rounds until every sample ends.
+
+One verify round (docs/architecture.md), read top to bottom in `Run._round`:
+    schedule -> propose (proposer.py) -> verify (verifier.py: one target forward over [last, d1..dk])
+    -> accept, stop checks, commit/roll back every KV, retire finished rows -> observe stats
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+import numpy as np
+import torch
+
+from specactor_engine.decoupled.coordinator import DecoupledCoordinator
+from specactor_engine.decoupled.phase import DECOUPLED, SOLO, DecouplingPolicy
+from specactor_engine.decoupled.protocol import SamplingSpec
+from specactor_engine.decoupled.sync import WorkerDrafterSync
+from specactor_engine.drafters import Drafter
+from specactor_engine.model.heap import release_free_memory
+from specactor_engine.model.runner import ModelRunner
+from specactor_engine.policies.selector import FastestOfNSelector
+from specactor_engine.policies.shadow import ShadowBook
+from specactor_engine.policies.verify_length import VerifyLengthPolicy
+from specactor_engine.proposer import Proposer, RoundDrafts
+from specactor_engine.sampling import SamplingParams, scaled_log_softmax, token_logprobs, top_logprobs
+from specactor_engine.state import SequenceState
+from specactor_engine.stopping import StopRules, find_stop_string, truncate_emitted
+from specactor_engine.types import DraftProposal, EngineStats, Request
+from specactor_engine.verifier import Verifier
+
+TRIM_HEAP_EVERY = 32  # rounds between returning freed heap memory to the OS (~5 ms each)
+
+
+class EngineView(Protocol):
+    """What a run reads of its engine (engine.py's `Engine`), named here so run.py need not import it."""
+
+    runner: ModelRunner
+    tokenizer: Any
+    drafters: list[Drafter]
+    coordinator: DecoupledCoordinator | None
+    num_draft_tokens: int
+    acceptance_rule: str
+    selection: str
+    combine_below: int
+    shadow_rows: int
+    verify_length: str
+    length_policy: VerifyLengthPolicy | None
+    dynamic_decoupling: bool
+    verifier_threads: int | None
+    max_model_len: int
+    eos_ids: list[int]
+    vocab_size: int
+    check_invariants: bool
+
+
+@dataclass
+class SampleRecord:
+    """Bookkeeping of one sample while it is decoded."""
+
+    request: Request
+    sample_index: int
+    prompt_ids: list[int]
+    key: int
+    output_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top_ids: list[torch.Tensor] = field(default_factory=list)  # with top_logprobs: [n, N] blocks, in order
+    top_values: list[torch.Tensor] = field(default_factory=list)
+    finish_reason: str | None = None
+    text: str | None = None
+    error: str | None = None
+
+
+@dataclass
+class RoundPlan:
+    """The scheduler's decisions for one round (R rows in slot order)."""
+
+    slots: torch.Tensor  # [R] rows decoding
+    caps: torch.Tensor  # [R] draft tokens each row may verify (0: the row decodes plainly)
+    full_caps: torch.Tensor | None  # [R] caps before the verify length; kept where shadows are drafted
+    context: int  # the longest KV any row attends to
+    arm: str | None  # dynamic decoupling's arm (None: the workers' phases are not switched)
+    drafting: bool  # whether any draft source runs this round
+    policy: VerifyLengthPolicy | None  # the dynamic verify length that clamped `caps`, if any
+
+    @property
+    def cap(self) -> int:
+        """The verify length chosen for the round (drafts may supply fewer)."""
+        return int(self.caps.max()) if len(self.caps) else 0
+
+
+@dataclass
+class RoundOutcome:
+    """What one round's acceptance committed."""
+
+    num_accepted: torch.Tensor  # [R] accepted draft tokens per row
+    counts: torch.Tensor  # [R] tokens committed per row: accepted + recovered/bonus, cut at stop conditions
+    shadows: dict[str, list[int]]  # shadow drafts scored after the commit: method -> [drafts, accepted]
+
+
+class Run:
+    """State of one `generate` call: slots, sequences in flight, the round loop."""
+
+    def __init__(self, engine: EngineView, sampling: Any, stats: EngineStats, capacity: tuple[int, int],
+                 started: float, total_threads: int | None = None) -> None:
+        self.engine = engine
+        self.started = started
+        self.total_threads = total_threads or torch.get_num_threads()
+        self.runner = engine.runner
+        self.stats = stats
+        self.params = SamplingParams(sampling.temperature, sampling.top_k, sampling.top_p)
+        self.top_logprobs = getattr(sampling, "top_logprobs", 0)
+        stop_ids = set(sampling.stop_token_ids) | (set() if sampling.ignore_eos else set(engine.eos_ids))
+        self.rules = StopRules(frozenset(stop_ids), tuple(sampling.stop), sampling.max_new_tokens,
+                               engine.max_model_len)
+        num_slots, max_len = capacity
+        self.state = SequenceState.allocate(num_slots, max_len)
+        self.slot_seq: dict[int, SampleRecord] = {}
+        self.free = list(range(num_slots - 1, -1, -1))
+        rejection = engine.acceptance_rule == "rejection" and not self.params.greedy
+        self.coordinator = engine.coordinator
+        selector = self._selector()
+        # combination: target-cache slots past the real ones, one per candidate (verifier.py)
+        self.scratch = torch.arange(num_slots, num_slots + min(engine.combine_below, num_slots))
+        self.proposer = Proposer(self.state, self.params, stats, engine.drafters, self.coordinator, selector,
+                                 self._shadow_book(rejection), engine.shadow_rows, rejection, engine.vocab_size,
+                                 self._output_of)
+        self.verifier = Verifier(self.runner, self.state, self.params, stats, rejection, engine.vocab_size,
+                                 self.scratch, selector)
+        if self.coordinator is not None:
+            spec = SamplingSpec(sampling.temperature, sampling.top_k, sampling.top_p, sampling.max_new_tokens)
+            self.coordinator.reset(num_slots, max_len, spec, window=2 * engine.num_draft_tokens,
+                                   output_of=lambda slot: self.slot_seq[slot].output_ids)
+        # dynamic decoupling: phases with the workers drafting, or paused with every thread verifying
+        self.phase = DecouplingPolicy() if self.coordinator is not None and engine.dynamic_decoupling else None
+        self.arm = DECOUPLED
+        if self.phase is not None and self.phase.arm == SOLO:
+            # pause before the rows arrive: a running worker would start prefilling them on the verifier's
+            # cores and slow down exactly the plain-decoding window the policy measures first
+            self.coordinator.pause(True)
+            torch.set_num_threads(self.total_threads)
+            self.arm = SOLO
+
+    def _selector(self) -> FastestOfNSelector | None:
+        """Fastest-of-N: a per-request choice among the drafters (and the drafter workers' streamed
+        drafts, where the mode runs both) instead of the cascade."""
+        engine = self.engine
+        names = [d.name for d in engine.drafters]
+        if engine.coordinator is not None and engine.drafters:
+            names = [WorkerDrafterSync.name, *names]
+        return FastestOfNSelector(names) if engine.selection == "fastest_of_n" and len(names) > 1 else None
+
+    def _shadow_book(self, rejection: bool) -> ShadowBook | None:
+        """Shadow drafts (policies/shadow.py): the dynamic verify length's acceptance statistics, and the
+        selector's, from model-free drafts scored against what rows commit, instead of probe rounds."""
+        engine = self.engine
+        shadowing = engine.shadow_rows > 0 and engine.verify_length == "dynamic" and not rejection
+        return ShadowBook() if shadowing and any(d.model_free for d in engine.drafters) else None
+
+    def _output_of(self, slot: int) -> tuple[list[int], int, bool]:
+        """A row's (output ids so far, sequence key, finished) for its shadow drafts."""
+        seq = self.slot_seq[slot]
+        return seq.output_ids, seq.key, seq.finish_reason is not None
+
+    def decode(self, sequences: list[SampleRecord], progress: Callable[[int, int], None] | None = None) -> None:
+        pending = deque(sequences)
+        rounds = 0
+        while pending or self.slot_seq:
+            if pending and self.free:
+                self._admit([pending.popleft() for _ in range(min(len(pending), len(self.free)))])
+            if self.slot_seq:
+                self._round()
+                rounds += 1
+                if rounds % TRIM_HEAP_EVERY == 0:
+                    release_free_memory()  # freed attention temporaries fragment glibc's heap (heap.py)
+            if progress is not None:
+                progress(len(sequences) - len(pending) - len(self.slot_seq), len(sequences))
+
+    # ------------------------------------------------------------------ admission / prefill
+    def _admit(self, batch: list[SampleRecord]) -> None:
+        """Prefill new sequences (one forward per distinct prompt) and sample their first token."""
+        started = time.perf_counter()
+        slots = torch.tensor([self.free.pop() for _ in batch])
+        for slot, seq in zip(slots.tolist(), batch):
+            self.slot_seq[slot] = seq
+            prompt = torch.tensor(seq.prompt_ids)
+            self.state.tokens[slot, : len(prompt)] = prompt
+            self.state.lengths[slot] = self.state.prompt_lengths[slot] = len(prompt)
+            self.state.seq_keys[slot] = seq.key
+        first_of: dict[int, int] = {}
+        for i, seq in enumerate(batch):
+            first_of.setdefault(id(seq.request), i)
+        leaders = sorted(set(first_of.values()))
+        lead_slots = slots[leaders]
+        self.runner.set_lengths(slots, torch.zeros_like(slots))
+        tokens, counts = self.state.gather(lead_slots, torch.zeros_like(lead_slots), int(self.state.lengths[lead_slots].max()))
+        lead_logits = self.runner.forward(tokens, lead_slots, counts, logits_at="last")  # [P, V]
+        self.runner.commit(lead_slots, counts)
+        row_of_leader = {lead: row for row, lead in enumerate(leaders)}
+        rows = torch.tensor([row_of_leader[first_of[id(seq.request)]] for seq in batch])
+        followers = torch.tensor([i for i in range(len(batch)) if i not in row_of_leader], dtype=torch.long)
+        if len(followers):
+            self.runner.cache.copy_prefix(lead_slots[rows[followers]], slots[followers], counts[rows[followers]])
+        logits = lead_logits[rows][:, None]  # [R, 1, V]
+        if self.coordinator is not None:
+            self.coordinator.add_rows(slots.numpy(), self.state.seq_keys[slots].numpy(),
+                                      [np.asarray(seq.prompt_ids, dtype=np.int64) for seq in batch])
+        for drafter in self.engine.drafters:
+            drafter.add_rows(self.state, slots)
+        self.stats.prefill_s += time.perf_counter() - started
+        no_drafts = DraftProposal(torch.zeros(len(slots), 0, dtype=torch.long), torch.zeros(len(slots), dtype=torch.long))
+        self._accept_and_commit(slots, logits, no_drafts, prefill=True)
+
+    # ------------------------------------------------------------------ one verify round
+    def _round(self) -> None:
+        """One verify round, top to bottom (docs/architecture.md): schedule -> propose -> verify ->
+        accept and commit -> observe."""
+        started = time.perf_counter()
+        plan = self._schedule(torch.tensor(sorted(self.slot_seq)))  # caps [R] at this round's verify length
+        slots = plan.slots
+        drafts = self.proposer.propose(slots, plan.caps, plan.full_caps, workers_on=plan.arm != SOLO,
+                                       shadow_idle=self.proposer.shadows is not None and plan.drafting)
+        if len(self.scratch) and len(slots) <= self.engine.combine_below and drafts.chosen is not None:
+            self.proposer.add_candidates(slots, drafts, max_rows=len(self.scratch))
+        self.stats.draft_s += drafts.draft_s + drafts.shadow_s + drafts.candidate_s
+        verify_started = time.perf_counter()
+        verified = self.verifier.verify(slots, drafts)  # logits [R, k+1, V]; winning candidates swapped in
+        self.stats.verify_s += time.perf_counter() - verify_started
+        self.stats.verify_rounds += 1
+        self.stats.row_rounds += len(slots)
+        outcome = self._accept_and_commit(slots, verified.logits, drafts.proposal)
+        self._record(plan, drafts, outcome)
+        own = outcome.num_accepted if verified.own_accepted is None else verified.own_accepted  # [R]
+        self.proposer.credit(slots, drafts, own)
+        if plan.policy is not None:
+            verified_caps = plan.caps if drafts.deferred is None else torch.where(drafts.deferred, 0, plan.caps)
+            # the shadow drafting of idle rows is left out: it is not part of any width's cost
+            plan.policy.observe_round(plan.cap, verified_caps.numpy(), outcome.num_accepted.numpy(), drafts.draft_s,
+                                      time.perf_counter() - started - drafts.shadow_s, len(slots), plan.context,
+                                      regime=plan.arm or "")
+        if self.phase is not None:
+            self.phase.observe(plan.arm, int(outcome.counts.sum()), time.perf_counter() - started)
+
+    def _schedule(self, slots: torch.Tensor) -> RoundPlan:
+        """Each row's draft cap [R] for this round: room left in its budget, the dynamic decoupling arm,
+        and the dynamic verify length's choice of k."""
+        caps = self._draft_caps(slots)
+        full_caps = caps if self.proposer.shadows is not None else None
+        context = int(self.runner.lengths[slots].max())  # attention reads every row this far
+        arm = self._choose_arm(len(slots), context)
+        # a paused-workers (solo) phase still drafts in process when there are in-process drafters
+        drafting = arm != SOLO or bool(self.engine.drafters)
+        policy = self.engine.length_policy if self.engine.verify_length == "dynamic" and drafting else None
+        if not drafting:
+            caps = torch.zeros_like(caps)
+        elif policy is not None:
+            policy.probe_deep = self.proposer.shadows is None  # shadows keep the deep positions' statistics fresh
+            caps = caps.clamp_max(policy.choose(len(slots), context, regime=arm or ""))
+        return RoundPlan(slots, caps, full_caps, context, arm, drafting, policy)
+
+    def _choose_arm(self, rows: int, context: int) -> str | None:
+        """Dynamic decoupling: this round's arm; switching pauses/resumes the workers and moves threads."""
+        if self.phase is None:
+            return None
+        arm = self.phase.choose(self._decoupled_bound(rows, context))
+        if arm != self.arm:
+            assert self.coordinator is not None
+            self.coordinator.pause(arm == SOLO)
+            torch.set_num_threads(self.total_threads if arm == SOLO else (self.engine.verifier_threads or 1))
+            self.arm = arm
+        self.stats.arm_rounds[arm] = self.stats.arm_rounds.get(arm, 0) + 1
+        self.stats.arm_skips = self.phase.skipped
+        return arm
+
+    def _decoupled_bound(self, rows: int, context: int) -> float | None:
+        """Tokens per second the workers' arm can be expected to reach this round at best: the verify
+        length that suits the acceptance seen so far (the prior before any), at the verify cost on the
+        verifier's threads (profiled on them, scaled by what rounds of that arm actually took), with no
+        drafting on the critical path."""
+        policy = self.engine.length_policy
+        if policy is None or not rows:
+            return None
+        return max(policy.throughput(rows, k, context, regime=DECOUPLED, drafting=False)
+                   for k in range(1, policy.max_k + 1))
+
+    def _draft_caps(self, slots: torch.Tensor) -> torch.Tensor:
+        """Per-row draft count so a round never passes max_new_tokens or the context: [R]."""
+        k = self.engine.num_draft_tokens
+        out_left = self.rules.max_new_tokens - self.state.output_positions(slots) - 1
+        ctx_left = self.rules.max_model_len - self.state.lengths[slots] - 1
+        return torch.minimum(torch.minimum(out_left, ctx_left), torch.tensor(k)).clamp_min(0)
+
+    # ------------------------------------------------------------------ accept, stop, commit, retire
+    def _accept_and_commit(self, slots: torch.Tensor, logits: torch.Tensor, proposal: DraftProposal,
+                           prefill: bool = False) -> RoundOutcome:
+        """Accept, apply stop rules, commit every cache and retire finished rows.
+
+        A verify block fed [last, d1..dk], so `counts` of its entries become committed KV;
+        after prefill the KV already holds the prompt and the new token is not in it yet.
+        """
+        num_accepted, output = self.verifier.accept(slots, logits, proposal.token_ids, proposal.num_tokens,
+                                                    proposal.probs)  # [R], [R, k+1]
+        top, log_probs = None, None
+        if self.top_logprobs:
+            log_probs = scaled_log_softmax(logits, self.params.temperature)  # [R, k+1, V]
+            top = top_logprobs(log_probs, self.top_logprobs)
+        logprobs = token_logprobs(logits, output.to(logits.device), self.params.temperature, log_probs)  # [R, k+1]
+        del log_probs
+        counts = self._apply_stops(slots, output, num_accepted + 1, logprobs, top)  # [R]
+        self.state.append(slots, output, counts)
+        if not prefill:
+            self.runner.commit(slots, counts)
+        shadows = self.proposer.score_shadows(self.engine.length_policy)
+        for drafter in self.engine.drafters:
+            drafter.observe_commit(self.state, slots)
+        if self.coordinator is not None:
+            self.coordinator.after_round(slots.numpy(), output.numpy(), counts.numpy())
+        if self.engine.check_invariants:
+            self._assert_invariants(slots)
+        self._retire(slots)
+        return RoundOutcome(num_accepted, counts, shadows)
+
+    def _retire(self, slots: torch.Tensor) -> None:
+        """Free the slots of rows that finished this round, in every cache and draft source."""
+        finished = [slot for slot in slots.tolist() if self.slot_seq[slot].finish_reason is not None]
+        if not finished:
+            return
+        for drafter in self.engine.drafters:
+            drafter.finish_rows(self.state, torch.tensor(finished))
+        for slot in finished:
+            del self.slot_seq[slot]
+            self.free.append(slot)
+        if self.coordinator is not None:
+            self.coordinator.remove_rows(np.asarray(finished, dtype=np.int64))
+
+    def _apply_stops(self, slots: torch.Tensor, output: torch.Tensor, emitted: torch.Tensor,
+                     logprobs: torch.Tensor, top: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """Truncate each row's emitted tokens at its stop condition; record them: counts [R].
+
+        top: the top-N (ids, log-probs) at each emitted position ([R, k+1, N] each), when requested."""
+        counts = emitted.clone()
+        out_rows, lp_rows, lengths = output.tolist(), logprobs.tolist(), self.state.lengths[slots].tolist()
+        for row, slot in enumerate(slots.tolist()):
+            seq = self.slot_seq[slot]
+            new = out_rows[row][: int(emitted[row])]
+            keep, reason = truncate_emitted(new, len(seq.output_ids), lengths[row], self.rules)
+            seq.output_ids.extend(new[:keep])
+            seq.logprobs.extend(lp_rows[row][:keep])
+            if top is not None:
+                seq.top_ids.append(top[0][row, :keep].cpu())
+                seq.top_values.append(top[1][row, :keep].cpu())
+            hit = find_stop_string(seq.output_ids, keep, self.rules, self._decode)
+            if hit is not None:
+                drop = len(seq.output_ids) - hit[0]
+                del seq.output_ids[hit[0]:], seq.logprobs[hit[0]:]
+                if top is not None:
+                    seq.top_ids = [torch.cat(seq.top_ids)[: hit[0]]]
+                    seq.top_values = [torch.cat(seq.top_values)[: hit[0]]]
+                keep, reason, seq.text = keep - drop, "stop", hit[1]
+            seq.finish_reason = reason
+            counts[row] = keep
+        return counts
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.engine.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def _record(self, plan: RoundPlan, drafts: RoundDrafts, outcome: RoundOutcome) -> None:
+        """The round's statistics: drafted and accepted tokens by position and by method, and its
+        timeline entry (the drafter-mix and verify-length plots read it)."""
+        stats, sources = self.stats, drafts.sources
+        num_drafts, num_accepted = drafts.proposal.num_tokens, outcome.num_accepted  # [R], [R]
+        stats.drafted_tokens += int(num_drafts.sum())
+        stats.accepted_tokens += int(num_accepted.sum())
+        deepest = int(num_drafts.max()) if len(num_drafts) else 0
+        for i in range(min(len(stats.drafted_per_position), deepest)):
+            stats.drafted_per_position[i] += int((num_drafts > i).sum())
+            stats.accepted_per_position[i] += int((num_accepted > i).sum())
+        by_drafter: dict[str, int] = {}  # rows each method drafted for this round
+        accepted_by: dict[str, int] = {}  # and how many of its tokens were accepted
+        for row, name in enumerate(sources):
+            if name is not None:
+                stats.drafted_per_drafter[name] = stats.drafted_per_drafter.get(name, 0) + int(num_drafts[row])
+                stats.accepted_per_drafter[name] = stats.accepted_per_drafter.get(name, 0) + int(num_accepted[row])
+                by_drafter[name] = by_drafter.get(name, 0) + 1
+                accepted_by[name] = accepted_by.get(name, 0) + int(num_accepted[row])
+        stats.timeline.append({
+            "t": round(time.perf_counter() - self.started, 4), "rows": len(outcome.counts),
+            "k": drafts.proposal.token_ids.shape[1], "cap": plan.cap,
+            "emitted": int(outcome.counts.sum()), "drafted": int(num_drafts.sum()), "accepted": int(num_accepted.sum()),
+            "by_drafter": by_drafter, "accepted_by_drafter": accepted_by,
+            "draft_s_by_drafter": {name: round(spent, 6) for name, spent in drafts.draft_s_by_drafter.items()},
+            "shadow_by_drafter": dict(outcome.shadows),
+            **({"arm": plan.arm} if self.phase is not None else {}),
+        })
+
+    def _assert_invariants(self, slots: torch.Tensor) -> None:
+        """Target KV holds every committed token but the last; drafters check their own."""
+        kv, committed = self.runner.lengths[slots], self.state.lengths[slots]
+        assert torch.equal(kv, committed - 1), f"target KV lengths {kv.tolist()} != {(committed - 1).tolist()}"
+        for drafter in self.engine.drafters:
+            drafter.check_invariants(self.state, slots)
