@@ -1,4 +1,4 @@
-"""Seeded, position-keyed sampling (ARCHITECTURE.md section 4).
+"""Seeded, position-keyed sampling (docs/architecture.md section 4).
 
 The noise that samples position t of sample j of request r is a pure function of
 (seed, r, j, t): a counter-based 32-bit hash of those numbers and the token id. The

@@ -1,6 +1,6 @@
 """Typed containers passed between the engine's stages and returned to callers.
 
-Vocabulary (ARCHITECTURE.md section 3): draft/target; a verify round emits the
+Vocabulary (docs/architecture.md section 3.5): draft/target; a verify round emits the
 accepted draft tokens plus one target token (recovered at the first rejected
 position, or bonus after all drafts were accepted).
 """

@@ -42,7 +42,7 @@ def smollm2():
 
 
 def trace_a_requests() -> list[Request]:
-    """Trace A's prompts (BENCHMARK.md): 4 chain_sum + 4 basic_arithmetic, seed 0."""
+    """Trace A's prompts (docs/benchmarking.md section 2): 4 chain_sum + 4 basic_arithmetic, seed 0."""
     items = reasoning_gym_items("chain_sum", 4, 0) + reasoning_gym_items("basic_arithmetic", 4, 0)
     return [Request(item["id"], messages=build_prompt(item["question"])) for item in items]
 
