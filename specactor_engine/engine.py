@@ -77,7 +77,7 @@ class Engine:
         self.length_policy: VerifyLengthPolicy | None = None
         self.policy_version = 0
         self.vocab_size = target.config.vocab_size
-        # cpu_kernels: oneDNN pre-packed linears and the paged decode-attention kernel (model_runner.py)
+        # cpu_kernels: oneDNN pre-packed linears and the paged decode-attention kernel (model/runner.py)
         self.runner = ModelRunner(target, packed_linear=cpu_kernels, paged_attention=cpu_kernels)
         self.eos_ids = eos_token_ids(tokenizer, target)
 

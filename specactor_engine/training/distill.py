@@ -45,7 +45,7 @@ def coupled_acceptance_from_topk(probs: torch.Tensor, log_q_top: torch.Tensor, l
     probs: the target's renormalised top-k probabilities [n, k] (0 for unusable entries);
     log_q_top: the drafter's log-probs of the same tokens [n, k]; log_q_rest: log of the drafter's
     mass outside them [n]. Both choose i with probability 1 / sum_j max(p_j / p_i, q_j / q_i)
-    (`drafter_score.coupled_acceptance`); the target's mass outside its top-k is taken as 0, so the
+    (`scorer.coupled_acceptance`); the target's mass outside its top-k is taken as 0, so the
     drafter's mass there only enters the denominators, as q_rest / q_i.
     """
     log_p = probs.clamp_min(1e-30).log()

@@ -3,7 +3,7 @@
 In order: check the options; load the target and the drafter (resumed from the output directory, a
 given model, or the target's first N layers with its final norm and head: a policy-derived drafter);
 get the training pairs (`samples`) and the target's top-k on them (`teacher`); give a new drafter a
-head over the tokens the data use most (`drafters.draft_vocab`); then train (`offline.distill`), with
+head over the tokens the data use most (`model.draft_vocab`); then train (`offline.distill`), with
 the drafter's own samples at on-policy rounds (`on_policy`) if asked. The time budget covers the whole
 run, sampling and the teacher pass included, since that is the wall-clock time a user budgets.
 
