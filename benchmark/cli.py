@@ -53,10 +53,11 @@ def bench(
         "--systems", help="Comma-separated systems; NAME@K runs one at draft length K instead of --num-draft-tokens "
         "(e.g. coupled@1,coupled@2,coupled for the best fixed k).")] = "hf,ar,coupled,specactor,oracle",
     repeats: Annotated[int, typer.Option("--repeats", min=1, help="Runs per system, interleaved.")] = 1,
-    model: Annotated[str | None, typer.Option("--model", help="qwen-pair | smollm2 | TARGET[:DRAFTER].")] = None,
+    model: Annotated[str | None, typer.Option("--model", help=f"{' | '.join(MODEL_PAIRS)} | TARGET[:DRAFTER].")] = None,
     dtype: Annotated[str | None, typer.Option("--dtype", help="Override the trace's dtype.")] = None,
     max_batch: Annotated[int | None, typer.Option("--max-batch", "--batch-size", min=1,
-                                                  help="Rows decoded at once (1: one sequence at a time).")] = None,
+                                                  help="Rows decoded at once (1: one sequence at a time; default: the trace's, "
+                                                  "e.g. 4 for D, else all at once).")] = None,
     prompts: Annotated[int | None, typer.Option("--prompts", min=1, help="Use only the first N prompts.")] = None,
     samples: Annotated[int | None, typer.Option("--samples", min=1, help="Samples per prompt.")] = None,
     max_new_tokens: Annotated[int | None, typer.Option("--max-new-tokens", min=1)] = None,
@@ -99,13 +100,13 @@ def bench(
     pair = parse_model(model, trace.model)
     trace = trace.with_overrides(num_prompts=prompts, samples_per_prompt=samples, max_new_tokens=max_new_tokens,
                                  temperature=temperature, seed=seed, model=pair, dtype=dtype,
-                                 history_seed=history_seed)
+                                 history_seed=history_seed, max_batch_size=max_batch)
     if trace.history_seed is not None and trace.history_seed == trace.seed:
         _fail(f"--history-seed {trace.history_seed} equals the trace's seed: the earlier rollout would be the "
               "same samples")
     plan = BenchPlan(trace=trace, systems=tuple(s.strip() for s in systems.split(",") if s.strip()),
                      repeats=repeats, out=out, target=pair.target, drafter=pair.drafter, dtype=trace.dtype,
-                     max_batch_size=max_batch, num_draft_tokens=num_draft_tokens, threads=threads,
+                     max_batch_size=trace.max_batch_size, num_draft_tokens=num_draft_tokens, threads=threads,
                      max_load=wait_load, profile=tuple(s for s in profile.split(",") if s),
                      oracle_passes=oracle_passes, slow_systems=tuple(s for s in slow_systems.split(",") if s),
                      slow_repeats=slow_repeats)

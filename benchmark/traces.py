@@ -35,6 +35,9 @@ class ModelPair:
 MODEL_PAIRS = {
     "qwen-pair": ModelPair("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"),
     "smollm2": ModelPair("smollm2-135m-instruct", None),
+    # SmolLM2 drafting for itself: every system, drafter workers included, runs on a fresh clone (smoke runs;
+    # a draft step costs a target step, so this pair says nothing about speed)
+    "smollm2-self": ModelPair("smollm2-135m-instruct", "smollm2-135m-instruct"),
 }
 
 
@@ -54,6 +57,7 @@ class Trace:
     seed: int = 0  # keys the sampling noise (hf: the torch seed)
     num_prompts: int | None = None  # a subset: the first N prompts, tasks taken in turn
     history_seed: int | None = None  # trace C: the seed of the earlier rollout its history drafters know
+    max_batch_size: int | None = None  # rows decoded at once (continuous batching; vLLM max_num_seqs); None: all
 
     @property
     def needs_history(self) -> bool:
@@ -97,9 +101,14 @@ TRACES: dict[str, Trace] = {
                dtype="float32", seed=1, history_seed=0),
     "G": Trace("G", "greedy on the real Qwen pair in fp32", _TRACE_A_PROMPTS, samples_per_prompt=1,
                max_new_tokens=256, temperature=0.0, model=MODEL_PAIRS["qwen-pair"], dtype="float32"),
-    "quick": Trace("quick", "small SmolLM2 trace for smoke runs",
+    # the per-worker regime of a 2-core CPU: a few rows at a time sit under its compute ridge (~10 tokens per
+    # forward) as 64-128 rows per GPU sit under an H100's (~300); docs/benchmarking.md section 2
+    "D": Trace("D", "per-worker regime: A's first 4 prompts, at most 4 rows at a time", _TRACE_A_PROMPTS,
+               samples_per_prompt=4, max_new_tokens=256, temperature=1.0, model=MODEL_PAIRS["qwen-pair"],
+               dtype="bfloat16", num_prompts=4, max_batch_size=4),
+    "quick": Trace("quick", "small SmolLM2 trace for smoke runs (SmolLM2 drafting for itself)",
                    (TaskPrompts("chain_sum", 2), TaskPrompts("basic_arithmetic", 2)), samples_per_prompt=4,
-                   max_new_tokens=128, temperature=1.0, model=MODEL_PAIRS["smollm2"], dtype="float32"),
+                   max_new_tokens=128, temperature=1.0, model=MODEL_PAIRS["smollm2-self"], dtype="float32"),
 }
 
 

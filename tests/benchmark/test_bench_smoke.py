@@ -267,3 +267,14 @@ def test_a_trace_with_history_feeds_the_earlier_rollout_to_the_suffix_drafter(tm
 def test_history_seed_must_differ_from_the_trace_seed(tmp_path):
     result = CliRunner().invoke(app, ["--trace", "quick", "--history-seed", "0", "--out", str(tmp_path)])
     assert result.exit_code == 2 and "equals the trace's seed" in result.output
+
+
+def test_trace_d_is_the_per_worker_regime_and_keeps_its_row_limit_unless_overridden():
+    """D: A's first 4 prompts x 4 samples, at most 4 rows at a time; --max-batch still overrides it."""
+    d = TRACES["D"]
+    assert (d.total_prompts, d.samples_per_prompt, d.max_new_tokens, d.max_batch_size) == (4, 4, 256, 4)
+    assert d.model == TRACES["A"].model and d.dtype == TRACES["A"].dtype and d.temperature == 1.0
+    assert [item["id"] for item in trace_items(d)] == [item["id"] for item in trace_items(TRACES["A"])][:4]
+    assert d.with_overrides(max_batch_size=None).max_batch_size == 4  # None keeps the trace's limit
+    assert d.with_overrides(max_batch_size=1).max_batch_size == 1
+    assert TRACES["quick"].model.drafter == TRACES["quick"].model.target  # quick runs the worker systems too
