@@ -37,9 +37,10 @@ ALL_AT_ONCE = 1 << 16  # rollout.max_batch_size meaning "every sequence in one b
 WORKER_START_TIMEOUT_S = 600
 
 # Where a variant's drafts come from. "trace": the trace's draft model in process (the n-gram drafter
-# when the trace has none); "suffix", "ngram": those config drafters; "oracle": the reference run's own
-# outputs, not a config kind: the oracle system hands it to the engine itself (benchmark/oracle.py).
-DraftSource = Literal["trace", "suffix", "ngram", "oracle"]
+# when the trace has none); "model": the trace's draft model in process, left out when the trace has none;
+# "suffix", "ngram": those config drafters; "oracle": the reference run's own outputs, not a config kind:
+# the oracle system hands it to the engine itself (benchmark/oracle.py).
+DraftSource = Literal["trace", "model", "suffix", "ngram", "oracle"]
 
 
 @dataclass(frozen=True)
@@ -80,8 +81,9 @@ ENGINE_VARIANTS: tuple[EngineVariant, ...] = (
     EngineVariant("decoupled", "decoupled", "The trace's draft model in a worker process; the verifier never waits; "
                   "dynamic verify length and dynamic decoupling.", (), "dynamic", workers=True),
     EngineVariant("specactor", "specactor", "Per request, Fastest-of-N over the suffix and n-gram drafters and, when "
-                  "the trace has a draft model, a drafter worker streaming its drafts; dynamic verify length and "
-                  "dynamic decoupling.", ("suffix", "ngram"), "dynamic", workers=True),
+                  "the trace has a draft model, that model in process and in a drafter worker streaming its drafts "
+                  "(dynamic decoupling pauses the worker where it cannot pay); dynamic verify length.",
+                  ("model", "suffix", "ngram"), "dynamic", workers=True),
     EngineVariant("oracle", "coupled", "Coupled mode fed the target's own final outputs: the ceiling at this verify "
                   "length.", ("oracle",)),
     EngineVariant("oracle-dynamic", "coupled", "The oracle with the cost-model verify length: no drafter can beat "
@@ -98,7 +100,8 @@ def engine_config(variant: EngineVariant, spec: RunSpec) -> SpecActorConfig:
     target = str(resolve_local(spec.target, spec.dtype))
     fields: dict[str, Any] = {"decoupled": _worker_settings(variant, spec)}
     if not variant.needs_reference:
-        fields["drafters"] = [_drafter_config(source, spec) for source in variant.drafters]
+        fields["drafters"] = [_drafter_config(source, spec) for source in variant.drafters
+                              if source != "model" or spec.drafter is not None]
     rollout = RolloutConfig(mode=variant.mode, num_draft_tokens=spec.num_draft_tokens,
                             verify_length=variant.verify_length, max_batch_size=spec.max_batch_size or ALL_AT_ONCE,
                             **fields)
@@ -110,7 +113,7 @@ def _drafter_config(source: DraftSource, spec: RunSpec) -> DrafterConfig:
     """The config drafter behind one draft source of a row."""
     if source == "suffix":
         return SuffixDrafterConfig()
-    if source == "trace" and spec.drafter is not None:
+    if source in ("trace", "model") and spec.drafter is not None:
         return ModelDrafterConfig(model=str(resolve_local(spec.drafter, spec.dtype)), dtype=spec.dtype)
     if source in ("trace", "ngram"):
         return NgramDrafterConfig()

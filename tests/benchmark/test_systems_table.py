@@ -23,7 +23,7 @@ EXPECTED = {
     "coupled-suffix": ("coupled", ["suffix"], ["suffix"], "dynamic", False, True),
     "coupled-ngram": ("coupled", ["ngram"], ["ngram"], "dynamic", False, True),
     "decoupled": ("decoupled", [], None, "dynamic", True, True),
-    "specactor": ("specactor", ["suffix", "ngram"], ["suffix", "ngram"], "dynamic", True, True),
+    "specactor": ("specactor", ["model", "suffix", "ngram"], ["suffix", "ngram"], "dynamic", True, True),
     "oracle": ("coupled", ["suffix", "ngram"], ["suffix", "ngram"], "fixed", False, True),
     "oracle-dynamic": ("coupled", ["suffix", "ngram"], ["suffix", "ngram"], "dynamic", False, True),
 }

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 from specactor_engine.policies.selector import FastestOfNSelector
+from specactor_engine.policies.verify_length import AcceptanceStats, CostTable, VerifyLengthPolicy
 
 
 def simulate(selector: FastestOfNSelector, accept_means: dict[str, float], rounds: int, rng: random.Random,
@@ -67,3 +68,45 @@ def test_chooses_only_among_the_methods_available_this_round():
     simulate(selector, {"decoupled": 3.0, "suffix": 1.0, "ngram": 0.2}, 60, rng)
     assert selector.choose(["r"], 0.1) == ["decoupled"]
     assert selector.choose(["r"], 0.1, methods=["suffix", "ngram"]) == ["suffix"]
+
+
+# Measured on Qwen2.5-Coder-1.5B (target) and 0.5B (draft model), bf16, 2 cores (issue 24's profile): a verify round
+# at 4 rows costs 70 ms at width 1 and 125 ms at width 5 (memory-bound: under the ~10-token compute ridge); at 32
+# rows the forward is compute-bound and cost grows with width. A 0.5B draft step costs 32 ms at 4 rows and ~100 ms
+# at 32; the 0.5B accepts ~4 of 4 drafts; the suffix drafter ~0.3 at ~0.2 ms per row.
+PROFILE = CostTable(batch_sizes=(4, 32), widths=(1, 2, 3, 4, 5),
+                    seconds=((0.070, 0.084, 0.098, 0.111, 0.125), (0.27, 0.45, 0.63, 0.82, 1.00)))
+DRAFT_STEP_S = {4: 0.032, 32: 0.100}
+
+
+def _policy(draft_step_s: float) -> VerifyLengthPolicy:
+    """The verify-length policy after rounds in which the draft model's 4 drafts were all accepted."""
+    policy = VerifyLengthPolicy(PROFILE, AcceptanceStats(max_k=4), probe_every=0)
+    for _ in range(60):
+        policy.stats.observe([4] * 4, [4] * 4)
+    policy.draft_s_per_token = draft_step_s
+    return policy
+
+
+def _selector(rows: int) -> FastestOfNSelector:
+    """Fastest-of-N after a few rounds of each method on one request, with the measured drafting costs."""
+    selector = FastestOfNSelector(["model", "suffix", "ngram"])
+    for round_index in range(12):
+        selector.observe(["r"] * 3, ["model", "suffix", "ngram"], [4, int(round_index % 3 == 0), 0])
+        selector.observe_cost("model", 4 * DRAFT_STEP_S[rows], rows)  # k = 4 steps for every row at once
+        selector.observe_cost("suffix", 0.0002 * rows, rows)
+        selector.observe_cost("ngram", 0.0001 * rows, rows)
+    return selector
+
+
+def test_the_draft_model_is_chosen_where_it_pays_and_plain_decoding_where_it_does_not():
+    """Per-worker regime (4 rows): the draft model's drafts are worth their cost, so it wins the request over
+    the cheap but rarely right model-free methods, and the round verifies drafts. Far past the ridge (32
+    rows): the same all-accepted drafts do not pay for the drafting they cost, so the round decodes plainly
+    (k = 0), though free drafts of that quality would still be verified (the drafting cost decides it)."""
+    verify_row_s = PROFILE.cost(4, 5) / 4  # a row's share of a round
+    assert _selector(4).choose(["r"], verify_row_s) == ["model"]
+    assert _policy(DRAFT_STEP_S[4]).choose(4) > 0
+
+    assert _policy(DRAFT_STEP_S[32]).choose(32) == 0
+    assert _policy(0.0).choose(32) > 0  # the premise: with free drafting the same drafts would be verified
