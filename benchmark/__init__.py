@@ -1,4 +1,4 @@
-"""Side-by-side benchmark harness (docs/benchmarking.md, issue 4).
+"""Side-by-side benchmark harness (docs/benchmarking.md).
 
 `traces` defines the workloads; `systems` is the registry of the things compared, built from the
 tables of engine variants (`engine_systems`) and vLLM variants (`vllm_system`) plus `hf_system` and

@@ -1,4 +1,4 @@
-"""`python -m benchmark ...`: the `bench` command before it is wired into `specactor`."""
+"""`python -m benchmark ...`: the `bench` command on its own (`specactor bench ...` runs the same command)."""
 
 from benchmark.cli import app
 
