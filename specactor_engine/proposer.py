@@ -89,6 +89,8 @@ class Proposer:
         self.selector = selector
         self.shadows = shadows
         self.shadow_drafters = [d for d in drafters if d.model_free]
+        # methods whose drafting costs the critical path next to nothing: model-free drafters, streamed worker drafts
+        self.free_methods = {d.name for d in self.shadow_drafters} | {WORKERS}
         self.shadow_rows = shadow_rows
         self.shadow_cursor = 0  # rows drafted only for statistics take turns by slot
         self.rejection = rejection
@@ -96,19 +98,41 @@ class Proposer:
         self.output_of = output_of
 
     # ------------------------------------------------------------------ the round's drafts
+    def method_options(self, slots: torch.Tensor, caps: torch.Tensor, workers_on: bool) -> list[list[str | None]] | None:
+        """Fastest-of-N's assignments of a draft method per row [R] for the verify length to weigh (None: no
+        selector): the selector's choice and, where it picked a method that drafts in line with a model,
+        the same rows with only the model-free methods (and the workers' streamed drafts, which cost the
+        critical path nothing). Rows with no room to draft (`caps` 0) get None."""
+        if self.selector is None:
+            return None
+        keys, verify_s = self.state.seq_keys[slots].tolist(), self._row_verify_s()
+        names = self._methods(workers_on)
+        free = [m for m in names if m in self.free_methods]
+        assignments = [self.selector.choose(keys, verify_s, names)]
+        if free and any(m not in self.free_methods for m in assignments[0]):
+            assignments.append(self.selector.choose(keys, verify_s, free))
+        room = (caps > 0).tolist()
+        return [[m if open_ else None for m, open_ in zip(a, room)] for a in assignments]
+
+    def _methods(self, workers_on: bool) -> list[str]:
+        """The draft methods a round may use: the in-process drafters, after the workers' drafts when they run."""
+        names = [d.name for d in self.drafters]
+        return [WORKERS, *names] if self.coordinator is not None and workers_on else names
+
     def propose(self, slots: torch.Tensor, caps: torch.Tensor, full_caps: torch.Tensor | None, workers_on: bool,
-                shadow_idle: bool) -> RoundDrafts:
+                shadow_idle: bool, chosen: list[str | None] | None = None) -> RoundDrafts:
         """Drafts for `slots` [R] up to `caps` [R]; `full_caps` [R] (shadow drafting) the caps before the
         verify length. workers_on: the drafter workers are drafting this round (not paused);
-        shadow_idle: also draft idle rows as shadows (statistics only)."""
+        shadow_idle: also draft idle rows as shadows (statistics only); chosen: each row's method, as
+        already decided with the verify length (None: the selector chooses here)."""
         drafts = RoundDrafts(no_drafts(len(slots), caps), [None] * len(slots), caps, full_caps)
         started = time.perf_counter()
         if self.coordinator is None:
-            self._propose_in_process(slots, drafts)
+            self._propose_in_process(slots, drafts, chosen)
         elif not self.drafters:
             self._take(slots, drafts)
         else:
-            self._propose_mixed(slots, drafts, workers_on)
+            self._propose_mixed(slots, drafts, workers_on, chosen)
         drafts.draft_s = time.perf_counter() - started
         if shadow_idle:
             started = time.perf_counter()
@@ -126,14 +150,22 @@ class Proposer:
         """A row's share of a verify round so far (what every draft method pays per round)."""
         return self.stats.verify_s / max(self.stats.row_rounds, 1)
 
-    def _propose_in_process(self, slots: torch.Tensor, drafts: RoundDrafts) -> None:
+    def _choose(self, slots: torch.Tensor, methods: list[str], chosen: list[str | None] | None) -> list[str]:
+        """Each row's method: the one decided with the verify length, else the selector's choice now."""
+        assert self.selector is not None
+        if chosen is not None and None not in chosen:
+            return list(chosen)  # type: ignore[arg-type]
+        picked = self.selector.choose(self.state.seq_keys[slots].tolist(), self._row_verify_s(), methods)
+        return picked if chosen is None else [c if c is not None else p for c, p in zip(chosen, picked)]
+
+    def _propose_in_process(self, slots: torch.Tensor, drafts: RoundDrafts, chosen: list[str | None] | None) -> None:
         """Cascade: each drafter in order drafts for the rows still without drafts. Fastest-of-N:
         the selector gives each row one drafter (drafts.chosen), which alone drafts for it."""
         caps = drafts.caps
         if not len(caps) or int(caps.max()) == 0 or not self.drafters:
             return
         if self.selector is not None:
-            drafts.chosen = self.selector.choose(self.state.seq_keys[slots].tolist(), self._row_verify_s())
+            drafts.chosen = self._choose(slots, self._methods(False), chosen)
         self._draft_rows(slots, drafts, caps > 0)
 
     def _take(self, slots: torch.Tensor, drafts: RoundDrafts) -> None:
@@ -144,7 +176,8 @@ class Proposer:
         drafts.proposal = DraftProposal(torch.from_numpy(tokens), torch.from_numpy(num))
         drafts.sources = [WORKERS if n else None for n in num.tolist()]
 
-    def _propose_mixed(self, slots: torch.Tensor, drafts: RoundDrafts, workers_on: bool) -> None:
+    def _propose_mixed(self, slots: torch.Tensor, drafts: RoundDrafts, workers_on: bool,
+                       chosen: list[str | None] | None) -> None:
         """Workers and in-process drafters: the selector gives each row one method, the workers'
         streamed drafts or an in-process drafter; a row whose in-process drafter supplies nothing takes
         the workers' drafts if any have arrived. With the workers paused only in-process drafters are
@@ -157,11 +190,9 @@ class Proposer:
         take_s = time.perf_counter() - started
         if not len(caps) or int(caps.max()) == 0:
             return
-        methods = [d.name for d in self.drafters]
-        if workers_on:
-            methods = [WORKERS, *methods]
+        methods = self._methods(workers_on)
         if self.selector is not None:
-            drafts.chosen = self.selector.choose(self.state.seq_keys[slots].tolist(), self._row_verify_s(), methods)
+            drafts.chosen = self._choose(slots, methods, chosen)
             if workers_on:
                 self.selector.observe_cost(WORKERS, take_s, len(slots))
         else:
@@ -364,7 +395,7 @@ class Proposer:
             counts = scored.setdefault(method, [0, 0])
             counts[0], counts[1] = counts[0] + 1, counts[1] + got
         if length_policy is not None:
-            length_policy.stats.observe(caps, accepted)
+            length_policy.observe_acceptance(caps, accepted, methods)
         if self.selector is not None:
             self.selector.observe(requests, methods, accepted)
         return scored

@@ -85,6 +85,7 @@ class RoundPlan:
     arm: str | None  # dynamic decoupling's arm (None: the workers' phases are not switched)
     drafting: bool  # whether any draft source runs this round
     policy: VerifyLengthPolicy | None  # the dynamic verify length that clamped `caps`, if any
+    methods: list[str | None] | None = None  # [R] Fastest-of-N's method per row, chosen with the verify length
 
     @property
     def cap(self) -> int:
@@ -222,7 +223,8 @@ class Run:
         plan = self._schedule(torch.tensor(sorted(self.slot_seq)))  # caps [R] at this round's verify length
         slots = plan.slots
         drafts = self.proposer.propose(slots, plan.caps, plan.full_caps, workers_on=plan.arm != SOLO,
-                                       shadow_idle=self.proposer.shadows is not None and plan.drafting)
+                                       shadow_idle=self.proposer.shadows is not None and plan.drafting,
+                                       chosen=plan.methods)
         if len(self.scratch) and len(slots) <= self.engine.combine_below and drafts.chosen is not None:
             self.proposer.add_candidates(slots, drafts, max_rows=len(self.scratch))
         self.stats.draft_s += drafts.draft_s + drafts.shadow_s + drafts.candidate_s
@@ -238,9 +240,13 @@ class Run:
         if plan.policy is not None:
             verified_caps = plan.caps if drafts.deferred is None else torch.where(drafts.deferred, 0, plan.caps)
             # the shadow drafting of idle rows is left out: it is not part of any width's cost
+            # each row's acceptance counts for the method whose drafts it verified (its chosen one if none came)
+            chosen = drafts.chosen or [None] * len(slots)
+            methods = [source or choice for source, choice in zip(drafts.sources, chosen)]
             plan.policy.observe_round(plan.cap, verified_caps.numpy(), outcome.num_accepted.numpy(), drafts.draft_s,
                                       time.perf_counter() - started - drafts.shadow_s, len(slots), plan.context,
-                                      regime=plan.arm or "")
+                                      regime=plan.arm or "", methods=methods if drafts.chosen else None,
+                                      draft_s_by_method=drafts.draft_s_by_drafter)
         if self.phase is not None:
             self.phase.observe(plan.arm, int(outcome.counts.sum()), time.perf_counter() - started)
 
@@ -254,12 +260,17 @@ class Run:
         # a paused-workers (solo) phase still drafts in process when there are in-process drafters
         drafting = arm != SOLO or bool(self.engine.drafters)
         policy = self.engine.length_policy if self.engine.verify_length == "dynamic" and drafting else None
+        methods = None
         if not drafting:
             caps = torch.zeros_like(caps)
         elif policy is not None:
             policy.probe_deep = self.proposer.shadows is None  # shadows keep the deep positions' statistics fresh
-            caps = caps.clamp_max(policy.choose(len(slots), context, regime=arm or ""))
-        return RoundPlan(slots, caps, full_caps, context, arm, drafting, policy)
+            # Fastest-of-N: the verify length and the rows' methods are chosen together (a draft model's
+            # drafts may pay at one length and not at another, where the model-free methods' still do)
+            options = self.proposer.method_options(slots, caps, workers_on=arm != SOLO)
+            caps = caps.clamp_max(policy.choose(len(slots), context, regime=arm or "", options=options))
+            methods = options[policy.option] if options else None
+        return RoundPlan(slots, caps, full_caps, context, arm, drafting, policy, methods)
 
     def _choose_arm(self, rows: int, context: int) -> str | None:
         """Dynamic decoupling: this round's arm; switching pauses/resumes the workers and moves threads."""

@@ -11,7 +11,16 @@ A pure policy over statistics (no torch, no engine), so it can be unit-tested on
   a row whose drafter supplied fewer than j drafts counts as not accepting the j-th).
 - `VerifyLengthPolicy.choose(rows)`: the k in 0..max_k maximising expected emitted tokens per
   second, rows * E[k] / (verify(rows, k+1) x calibration(k+1) + draft(k)), where
-  E[k] = 1 + sum_{j<=k} q_j. k = 0 is plain decoding. The current k changes only when another
+  E[k] = 1 + sum_{j<=k} q_j. k = 0 is plain decoding.
+- Per draft method: where the rows are drafted by different methods (Fastest-of-N), `choose` is
+  given one or more *assignments* (a method per row: the selector's choice, and the same with
+  every costly method replaced by a model-free one) and keeps acceptance statistics and drafting
+  seconds per draft position for each method. A round of assignment a is expected to emit
+  sum_rows E_{a(r)}[k] tokens in verify(rows, k+1) + k x sum_{m in a} draft_m seconds (a method
+  drafts all its rows in one call, so its cost is paid once per round, not per row), and the
+  policy picks the best (k, assignment) pair. One pooled drafting cost would let an expensive
+  draft model's seconds stick to the free methods (its cost is only re-measured in rounds that
+  draft with it), and the free methods' drafts would never be verified again. The current k changes only when another
   is better by more than the hysteresis. Once every `probe_every` rounds it verifies max_k (so
   the statistics of the deeper positions stay fresh) or 0 (so the calibration below knows what
   plain rounds really cost), whichever ran least recently; a probe that changes nothing doubles
@@ -39,7 +48,7 @@ import bisect
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -219,6 +228,9 @@ class VerifyLengthPolicy:
     # (regime, batch bucket, width) -> round last observed
     seen_at: dict[tuple[str, int, int], int] = field(default_factory=dict)
     history: list[int] = field(default_factory=list)
+    by_method: dict[str, AcceptanceStats] = field(default_factory=dict)  # acceptance per draft method
+    draft_s_by_method: dict[str, float] = field(default_factory=dict)  # EMA drafting seconds per position, per method
+    option: int = 0  # the assignment (index into `choose`'s options) of the last choice
 
     @property
     def max_k(self) -> int:
@@ -243,25 +255,61 @@ class VerifyLengthPolicy:
         """Predicted seconds of a verify round (forward, sampling, host work) with k drafts per row."""
         return self.cost.cost(rows, k + 1, context) * self.calibration(k + 1, regime, rows)
 
+    def method_stats(self, method: str) -> AcceptanceStats:
+        """The acceptance statistics of one draft method (the optimistic prior until it is observed)."""
+        stats = self.by_method.get(method)
+        if stats is None:
+            stats = self.by_method[method] = AcceptanceStats(self.max_k, self.stats.decay, self.stats.prior)
+        return stats
+
+    def expected_tokens(self, rows: int, k: int, methods: Sequence[str | None] | None = None) -> float:
+        """Tokens a round of `rows` rows verifying k drafts is expected to emit; methods: each row's draft
+        method (None: the row drafts nothing), else every row by the pooled statistics."""
+        if methods is None:
+            return rows * self.stats.expected_tokens(k)
+        return sum(1.0 if m is None else self.method_stats(m).expected_tokens(k) for m in methods)
+
+    def drafting_seconds(self, k: int, methods: Sequence[str | None] | None = None) -> float:
+        """In-line drafting seconds of k draft positions: each method in the assignment drafts its rows in one call
+        (a method not measured yet counts as free, so it gets tried)."""
+        if methods is None:
+            return k * self.draft_s_per_token
+        return k * sum(self.draft_s_by_method.get(m, 0.0) for m in set(methods) if m is not None)
+
     def throughput(self, rows: int, k: int, context: int | None = None, regime: str = "",
-                   drafting: bool = True) -> float:
+                   drafting: bool = True, methods: Sequence[str | None] | None = None) -> float:
         """Expected tokens per second of a round verifying k drafts on each of `rows` rows whose
         longest committed context is `context` (drafting=False: without the in-line drafting time,
-        as when drafts stream in from concurrent workers)."""
-        seconds = self.verify_seconds(rows, k, context, regime) + (k * self.draft_s_per_token if drafting else 0.0)
-        return rows * self.stats.expected_tokens(k) / max(seconds, 1e-6)
+        as when drafts stream in from concurrent workers; methods: each row's draft method)."""
+        seconds = self.verify_seconds(rows, k, context, regime) + (self.drafting_seconds(k, methods) if drafting else 0.0)
+        return self.expected_tokens(rows, k, methods) / max(seconds, 1e-6)
 
-    def best(self, rows: int, context: int | None = None, regime: str = "") -> int:
-        return max(range(self.max_k + 1), key=lambda k: (self.throughput(rows, k, context, regime), -k))
+    def _best_option(self, rows: int, k: int, context: int | None, regime: str,
+                     options: Sequence[Sequence[str | None]] | None) -> tuple[float, int]:
+        """(throughput, option index) of the best assignment at verify length k (the first on a tie)."""
+        if not options:
+            return self.throughput(rows, k, context, regime), 0
+        scores = [self.throughput(rows, k, context, regime, methods=o) for o in options]
+        best = max(range(len(options)), key=lambda i: (scores[i], -i))
+        return scores[best], best
 
-    def choose(self, rows: int, context: int | None = None, regime: str = "") -> int:
-        """The verify length for the next round of `rows` rows (recorded in `history`)."""
-        best = self.best(rows, context, regime)
+    def best(self, rows: int, context: int | None = None, regime: str = "",
+             options: Sequence[Sequence[str | None]] | None = None) -> int:
+        return max(range(self.max_k + 1),
+                   key=lambda k: (self._best_option(rows, k, context, regime, options)[0], -k))
+
+    def choose(self, rows: int, context: int | None = None, regime: str = "",
+               options: Sequence[Sequence[str | None]] | None = None) -> int:
+        """The verify length for the next round of `rows` rows (recorded in `history`). options: the
+        assignments of a draft method per row to choose among; the chosen one's index is left in `option`."""
+        def score(k: int) -> float:
+            return self._best_option(rows, k, context, regime, options)[0]
+
+        best = self.best(rows, context, regime, options)
         previous = self.current
         if self.current is None:
             self.current = best
-        elif best != self.current and self.throughput(rows, best, context, regime) > (
-                1 + self.hysteresis) * self.throughput(rows, self.current, context, regime):
+        elif best != self.current and score(best) > (1 + self.hysteresis) * score(self.current):
             self.current = best
         if self.probe_from is not None:  # the round after a probe: did it change the choice?
             changed = self.current != self.probe_from
@@ -275,6 +323,7 @@ class VerifyLengthPolicy:
         if target is not None and self.probe_every and self.rounds_since_probe >= self.probe_interval:
             self.probe_from, k, self.rounds_since_probe = k, target, 0
         self.history.append(k)
+        self.option = self._best_option(rows, k, context, regime, options)[1]
         return k
 
     def _probe_target(self, k: int, regime: str, rows: int) -> int | None:
@@ -286,13 +335,32 @@ class VerifyLengthPolicy:
         bucket = self.bucket(rows)
         return min(ends, key=lambda end: self.seen_at.get((regime, bucket, end + 1), -1)) if ends else None
 
+    def observe_acceptance(self, verified_with: Sequence[int], accepted: Sequence[int],
+                           methods: Sequence[str | None] | None = None) -> None:
+        """Rows' drafts slots and accepted drafts (from a verify or from shadow drafts), pooled and per
+        method (methods: each row's draft method; None entries are left out of the per-method statistics)."""
+        self.stats.observe(verified_with, accepted)
+        if methods is None:
+            return
+        verified, took = np.asarray(verified_with), np.asarray(accepted)
+        names = np.asarray([m or "" for m in methods], dtype=object)
+        for method in {m for m in methods if m is not None}:
+            mine = names == method
+            self.method_stats(method).observe(verified[mine], took[mine])
+
     def observe_round(self, k: int, verified_with: Sequence[int], accepted: Sequence[int], draft_s: float,
-                      round_s: float, rows: int, context: int | None = None, regime: str = "") -> None:
+                      round_s: float, rows: int, context: int | None = None, regime: str = "",
+                      methods: Sequence[str | None] | None = None,
+                      draft_s_by_method: Mapping[str, float] | None = None) -> None:
         """Fold in one finished round: its acceptance, its drafting time and how far its other time
-        (verify, sampling, host work) was from the profile at its width."""
+        (verify, sampling, host work) was from the profile at its width. methods: each row's draft
+        method; draft_s_by_method: the in-line drafting seconds of each method this round."""
         if k > 0:
-            self.stats.observe(verified_with, accepted)
+            self.observe_acceptance(verified_with, accepted, methods)
             self.draft_s_per_token += self.decay * (draft_s / k - self.draft_s_per_token)
+            for method, seconds in (draft_s_by_method or {}).items():
+                old = self.draft_s_by_method.get(method)
+                self.draft_s_by_method[method] = seconds / k if old is None else old + self.decay * (seconds / k - old)
         # clamped: one round disturbed by a collection or a page fault must not swing the estimate
         ratio = min(max((round_s - draft_s) / max(self.cost.cost(rows, k + 1, context), 1e-9), MIN_SCALE), MAX_SCALE)
         key = (regime, self.bucket(rows), k + 1)

@@ -139,3 +139,20 @@ def test_combination_needs_position_keyed_acceptance_and_several_drafters(target
     assert specactor_engine(target, drafters[:1], combine_below=8).combine_below == 0
     with pytest.raises(ValueError, match="combine_below"):
         specactor_engine(target, drafters, combine_below=-1)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_dynamic_length_with_the_draft_model_beside_model_free_methods_is_exact(target, temperature):  # noqa: F811
+    """The verify length and each row's method chosen together (the draft model in process, beside suffix
+    and n-gram, with shadow drafts): exact against plain decoding, and the draft model's drafts are verified."""
+    from tests.engine.test_dynamic_verify_length import table
+
+    params = sampling(temperature, n=3, max_new_tokens=30)
+    reference = token_ids(run(target, ragged_requests(6), params))
+    drafters = [make_drafter(kind, target, torch.float64) for kind in ("model", "suffix", "ngram")]
+    engine = specactor_engine(target, drafters, cost_table=table(0.01, 0.0001), verify_length="dynamic")
+    result = engine.generate(ragged_requests(6), params)
+    assert token_ids(result) == reference
+    assert result.stats.drafted_per_drafter.get("model", 0) > 0
+    policy = engine.length_policy
+    assert policy is not None and "model" in policy.draft_s_by_method and "model" in policy.by_method

@@ -223,3 +223,49 @@ def test_calibration_is_kept_per_batch_bucket_so_a_one_row_warm_up_does_not_misl
     assert chosen[:1] == [2] and chosen[8:] == [0] * 32  # plain decoding within a few rounds, for good
     assert policy.calibration(1, rows=32) == pytest.approx(1.0)  # borrowed from its own bucket's width 3
     assert policy.calibration(1, rows=1) == pytest.approx(2.0)  # the one-row bucket kept its own
+
+
+# Trace D on this project's AVX2 machine, fp32, 4 rows (bench/session14): a plain round 0.63 s, a width-5 verify
+# 1.08 s (widths between interpolated), a Qwen2.5-Coder-0.5B draft step 0.27 s.
+D_FP32 = CostTable((4,), WIDTHS, ((0.63, 0.74, 0.85, 0.96, 1.08),))
+D_DRAFT_STEP_S = 0.27
+MODEL, SUFFIX = ["model"] * 4, ["suffix"] * 4
+
+
+def _d_policy() -> VerifyLengthPolicy:
+    """After ten rounds in which the draft model drafted 4 tokens per row at its measured cost and none
+    was accepted, then rounds in which the suffix drafter's (shadow) drafts were half right at position 1."""
+    policy = VerifyLengthPolicy(D_FP32, AcceptanceStats(max_k=4), probe_every=0)
+    for _ in range(10):
+        policy.observe_round(4, [4] * 4, [0] * 4, 4 * D_DRAFT_STEP_S, 4 * D_DRAFT_STEP_S + 1.08, 4, methods=MODEL,
+                             draft_s_by_method={"model": 4 * D_DRAFT_STEP_S})
+    for _ in range(40):
+        policy.observe_acceptance([4] * 4, [1, 0, 1, 0], SUFFIX)
+    return policy
+
+
+def test_a_draft_model_s_cost_does_not_stick_to_the_free_methods():
+    """Trace D's failure: one pooled drafting cost kept the draft model's seconds after its drafts stopped
+    being chosen, so the free suffix drafts (half right at position 1) were never verified again. Per
+    method, the suffix assignment verifies one draft and the model's costs stay with the model."""
+    policy = _d_policy()
+    assert policy.draft_s_by_method == {"model": pytest.approx(D_DRAFT_STEP_S)}
+    assert policy.choose(4, options=[MODEL, SUFFIX]) == 1 and policy.option == 1
+    # the premise: pooled (no per-row methods), the same observations decode plainly
+    assert _d_policy().choose(4) == 0
+
+
+def test_a_draft_model_whose_drafts_are_accepted_wins_the_round_and_goes_deep():
+    """Once the draft model's drafts are all accepted (4 of 4), its assignment beats the free drafts'
+    despite costing 0.27 s per position, and the round verifies all four: 20 tokens in 2.16 s beats the
+    suffix drafter's 6 in 0.74 s."""
+    policy = _d_policy()
+    for _ in range(40):
+        policy.observe_round(4, [4] * 4, [4] * 4, 4 * D_DRAFT_STEP_S, 4 * D_DRAFT_STEP_S + 1.08, 4, methods=MODEL,
+                             draft_s_by_method={"model": 4 * D_DRAFT_STEP_S})
+    assert policy.choose(4, options=[MODEL, SUFFIX]) == 4 and policy.option == 0
+    # a mixed assignment pays the model's whole step for the rows it drafts
+    half = ["model", "model", "suffix", "suffix"]
+    assert policy.drafting_seconds(4, half) == pytest.approx(4 * D_DRAFT_STEP_S)
+    model, suffix = (policy.method_stats(m).expected_tokens(4) for m in ("model", "suffix"))
+    assert model > 4.9 and policy.expected_tokens(4, 4, half) == pytest.approx(2 * model + 2 * suffix)
