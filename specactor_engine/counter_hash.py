@@ -55,6 +55,11 @@ def token_hash_numpy(vocab_size: int) -> np.ndarray:
     return mix32_numpy((np.arange(vocab_size, dtype=np.uint64) * GOLDEN & MASK32).astype(np.uint32))
 
 
+def token_hash_of(token_ids: torch.Tensor) -> torch.Tensor:
+    """`token_hash` at the given token ids: [N] int64 (a drafter head over part of the vocabulary)."""
+    return mix32(token_ids.to(torch.long) * GOLDEN & MASK32)
+
+
 @functools.lru_cache(maxsize=8)
 def token_hash(vocab_size: int, device: torch.device) -> torch.Tensor:
     """mix32(v * golden) for every token id: [V] int64 (the per-token half of the noise key)."""

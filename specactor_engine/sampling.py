@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from specactor_engine.counter_hash import MASK32, combine, mix32, mix32_numpy, token_hash, token_hash_numpy
+from specactor_engine.counter_hash import (MASK32, combine, mix32, mix32_numpy, token_hash, token_hash_numpy,
+                                           token_hash_of)
 
 # Noise streams: the target and coupled drafters share TARGET; the classic rejection
 # rule needs independent streams for the draft sample, the accept test and recovery.
@@ -142,15 +143,31 @@ def warped_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 
 
 def sample_tokens(logits: torch.Tensor, params: SamplingParams, seq_keys: torch.Tensor, positions: torch.Tensor,
-                  stream: int = STREAM_TARGET) -> torch.Tensor:
+                  stream: int = STREAM_TARGET, vocab_ids: torch.Tensor | None = None) -> torch.Tensor:
     """Position-keyed Gumbel-max choice.
 
     logits: [R, T, V]; seq_keys: [R]; positions: [R, T] output positions -> [R, T] token ids.
+    vocab_ids: [V] the token id of each logit column (a drafter head over part of the vocabulary);
+    each column then gets its token's noise, so the choice equals the full-vocabulary one with every
+    other token at -inf (when no top-k/top-p warping cuts differently). Default: column v is token v.
     """
     if params.greedy:
-        return logits.argmax(dim=-1)
+        chosen = logits.argmax(dim=-1)
+        return chosen if vocab_ids is None else vocab_ids[chosen]
     scores = warp_logits(logits, params)
     vocab_size = logits.shape[-1]
+    if vocab_ids is not None:
+        keys = combine(combine(seq_keys[:, None], positions), stream).to(scores.device)  # [R, T]
+        hashes = token_hash_of(vocab_ids.to(scores.device))  # [V] each column's token hash
+        if vocab_size >= FUSED_MIN_VOCAB:
+            from specactor_engine.kernels.gumbel_argmax import gumbel_argmax
+
+            chosen = gumbel_argmax(scores.reshape(-1, vocab_size).float(), keys.reshape(-1), hashes)
+        else:
+            from specactor_engine.kernels.gumbel_argmax import gumbel_argmax_reference
+
+            chosen = gumbel_argmax_reference(scores.reshape(-1, vocab_size).float(), keys.reshape(-1), hashes)
+        return vocab_ids.to(chosen.device)[chosen].view(positions.shape)
     if vocab_size >= FUSED_MIN_VOCAB:  # one compiled pass instead of ~10 over [R, T, V] (specactor_engine/kernels/gumbel_argmax.py)
         from specactor_engine.kernels.gumbel_argmax import gumbel_argmax
 

@@ -4,6 +4,16 @@ Invariant (checked by `check_invariants`): the drafter's committed KV length of 
 slot is at most state.lengths - 1 and covers exactly the slot's committed tokens.
 Drafting feeds the not-yet-cached committed tokens, then its own drafts; after a
 verify round the fed drafts that match the committed tokens stay, the rest roll back.
+
+Cheaper drafting (docs/architecture.md section 13), neither of which can change the output (a
+draft is only a proposal):
+- `quantize: int8`: drafting runs on an int8 copy of the model (model/quantize.py); the float
+  model stays the one trained and synced, and the copy is rebuilt from it on each weight update.
+- a compact head: drafting computes logits only for the drafter's vocabulary (its trained
+  `draft_vocab.json`, or with `draft_vocab: N` the N lowest ids growing with every token of the
+  prompts and of what the target commits: model/draft_vocab.py's GrowingVocab) and samples over
+  them with each token's own position-keyed noise, so a token outside the vocabulary is never
+  drafted and the verifier emits it.
 """
 
 from __future__ import annotations
@@ -13,6 +23,8 @@ from typing import Any, Iterable
 import torch
 
 from specactor_engine.drafters.base import DraftRequest, Drafter, DrafterContext, register_drafter
+from specactor_engine.model.draft_vocab import GrowingVocab, SubsetHead, lowest_ids_vocab
+from specactor_engine.model.quantize import int8_linear, quantize_int8
 from specactor_engine.model.runner import ModelRunner, load_hf_model
 from specactor_engine.sampling import STREAM_DRAFT, STREAM_TARGET, SamplingParams, sample_tokens, warped_probs
 from specactor_engine.state import SequenceState
@@ -51,9 +63,52 @@ class ModelDrafter(Drafter):
             model, tokenizer = self._load(config, context)
         if tokenizer is not None:
             check_same_tokenizer(context.target_tokenizer, tokenizer, self.name)
-        self.runner = ModelRunner(model)
+        self.model = model  # the float weights: trained, synced and saved (drafting may run on a copy)
+        self.quantize = getattr(config, "quantize", "none") or "none"
         self.target_vocab_size = context.target_vocab_size
+        self.vocab = self._vocabulary(model, getattr(config, "draft_vocab", None), context.target_tokenizer)
+        self._head_version = -1
+        self._build_runner()
         self.allocate(0, 0)
+
+    def _vocabulary(self, model: torch.nn.Module, size: int | None, tokenizer: Any) -> GrowingVocab | None:
+        """The drafter's vocabulary (None: the full one): a trained sub-vocabulary's ids (fixed), or the `size`
+        lowest ids and the special tokens, growing with the tokens the target uses."""
+        head = model.lm_head
+        bound = min(self.target_vocab_size, head.weight.shape[0])  # ids both vocabularies have
+        if isinstance(head, SubsetHead):
+            return GrowingVocab(head.token_ids.cpu(), bound)
+        if size is None or size >= bound:
+            return None
+        special = list(getattr(tokenizer, "all_special_ids", []) or [])
+        return GrowingVocab(lowest_ids_vocab(size, bound, special), bound)
+
+    @property
+    def grows(self) -> bool:
+        """The vocabulary takes in the tokens the target uses (a configured size, not a trained head)."""
+        return self.vocab is not None and not isinstance(self.model.lm_head, SubsetHead)
+
+    def _build_runner(self) -> None:
+        """The runner drafting runs on: the model itself, or its int8 copy (rebuilt after weight updates)."""
+        drafting = quantize_int8(self.model) if self.quantize == "int8" else self.model
+        self.runner = ModelRunner(drafting, packed_linear=self.quantize == "none")
+        self._head_version = -1
+
+    def _refresh_head(self) -> None:
+        """(Re)build the compact head over the current vocabulary when it changed."""
+        if self.vocab is None or self._head_version == self.vocab.version:
+            return
+        weight = self.model.lm_head.weight  # [V, d] (tied to the embedding in small models)
+        rows = weight.detach()[self.vocab.ids.to(weight.device)]
+        if self.quantize == "int8":
+            self.runner.head = int8_linear(rows)
+        else:
+            head = torch.nn.Linear(rows.shape[1], rows.shape[0], bias=False, device=rows.device, dtype=rows.dtype)
+            with torch.no_grad():
+                head.weight.copy_(rows)
+            self.runner.head = head.requires_grad_(False)
+        self._ids = self.vocab.ids.clone()
+        self._head_version = self.vocab.version
 
     @staticmethod
     def _load(config: Any, context: DrafterContext) -> tuple[torch.nn.Module, Any]:
@@ -70,12 +125,17 @@ class ModelDrafter(Drafter):
         self._fed = torch.zeros(num_slots, 0, dtype=torch.long)  # drafts fed into the KV, per slot
         self._fed_base = torch.zeros(num_slots, dtype=torch.long)  # state length when they were fed
         self._fed_count = torch.zeros(num_slots, dtype=torch.long)
+        self._vocab_seen = torch.zeros(num_slots, dtype=torch.long)  # tokens of each slot already in the vocabulary
 
     def add_rows(self, state: SequenceState, slots: torch.Tensor) -> None:
         """Prefill the prompts (without their last token) so the first propose is cheap; rows with the
         same prompt (a GRPO group) share one prefill and copy its KV."""
         self.runner.set_lengths(slots, torch.zeros_like(slots))
         self._fed_count[slots] = 0
+        if self.grows:
+            for slot in slots.tolist():
+                self.vocab.add(state.tokens[slot, : int(state.lengths[slot])])
+            self._vocab_seen[slots] = state.lengths[slots]
         prompt_lengths = state.prompt_lengths[slots] - 1
         width = int(prompt_lengths.max())
         if width <= 0:
@@ -101,10 +161,20 @@ class ModelDrafter(Drafter):
 
     def _sample(self, logits: torch.Tensor, state: SequenceState, slots: torch.Tensor, out_pos: torch.Tensor,
                 request: DraftRequest) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """logits [R, V] at output positions out_pos [R] -> (tokens [R], probs [R, V] or None)."""
-        logits = self._logits(logits)[:, None]
+        """logits [R, V] (or [R, N] over a compact head's N tokens) at output positions out_pos [R] ->
+        (tokens [R], probs [R, V_target] or None)."""
         stream = STREAM_TARGET if request.coupled_noise else STREAM_DRAFT
-        tokens = sample_tokens(logits, request.params, state.seq_keys[slots], out_pos[:, None], stream)[:, 0]
+        keys, positions = state.seq_keys[slots], out_pos[:, None]
+        if self.vocab is not None:
+            ids = self._ids
+            tokens = sample_tokens(logits[:, None], request.params, keys, positions, stream, vocab_ids=ids)[:, 0]
+            if request.coupled_noise:
+                return tokens, None
+            probs = logits.new_zeros(len(slots), self.target_vocab_size, dtype=torch.float64)
+            probs[:, ids] = warped_probs(logits, request.params)
+            return tokens, probs
+        logits = self._logits(logits)[:, None]
+        tokens = sample_tokens(logits, request.params, keys, positions, stream)[:, 0]
         probs = None if request.coupled_noise else warped_probs(logits, request.params)[:, 0]
         return tokens, probs
 
@@ -128,6 +198,7 @@ class ModelDrafter(Drafter):
     def _draft(self, state: SequenceState, slots: torch.Tensor, k: int, request: DraftRequest
                ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """k autoregressive draft steps for `slots`: tokens [R, k], probs [R, k, V] or None."""
+        self._refresh_head()
         start = self.runner.lengths[slots].clone()
         pending, counts = state.gather(slots, start, int((state.lengths[slots] - start).max()))
         logits = self.runner.forward(pending, slots, counts, logits_at="last")
@@ -152,6 +223,11 @@ class ModelDrafter(Drafter):
 
     def observe_commit(self, state: SequenceState, slots: torch.Tensor) -> None:
         """Keep the fed drafts that became committed tokens; roll the rest back."""
+        if self.grows:  # the tokens the target committed since the last round join the vocabulary
+            seen = self._vocab_seen[slots]
+            recent, counts = state.gather(slots, seen, int((state.lengths[slots] - seen).max()))
+            self.vocab.add(recent[torch.arange(recent.shape[1])[None, :] < counts[:, None]])
+            self._vocab_seen[slots] = state.lengths[slots]
         slots = slots[self._fed_count[slots] > 0]
         if len(slots) == 0:
             return
@@ -166,11 +242,14 @@ class ModelDrafter(Drafter):
         self._fed_count[slots] = 0
 
     def trainable_model(self) -> torch.nn.Module:
-        """The draft LM (distilled on each policy sync, saved beside each checkpoint)."""
-        return self.runner.model
+        """The draft LM (distilled on each policy sync, saved beside each checkpoint): the float weights."""
+        return self.model
 
     def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        load_named_weights(self.runner.model, weights)
+        load_named_weights(self.model, weights)
+        if self.quantize != "none":  # the int8 copy is rebuilt from the new float weights
+            self._build_runner()
+        self._head_version = -1  # the compact head copies the head's rows
         self.version = version
 
     def check_invariants(self, state: SequenceState, slots: torch.Tensor) -> None:

@@ -114,3 +114,43 @@ def load_draft_vocab(directory: str | Path) -> torch.Tensor | None:
     if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
         raise ValueError(f"{path}: 'token_ids' must be a list of integers")
     return torch.tensor(ids, dtype=torch.long)
+
+
+class GrowingVocab:
+    """A drafter's vocabulary that grows with the tokens the target actually uses.
+
+    It starts from `initial` ids (for a model drafter without a trained sub-vocabulary: the lowest
+    ids, which byte-level BPE vocabularies order by merge, so by frequency in the tokenizer's corpus,
+    plus the special tokens) and takes in every token of the prompts and of what the target commits
+    (`add`), so a token the target has used once can be drafted from then on. `ids` keeps insertion
+    order (a new token is appended), and `version` counts the changes, so a head built over it is
+    rebuilt only when it grew.
+    """
+
+    def __init__(self, initial: torch.Tensor, vocab_size: int) -> None:
+        initial = torch.unique(initial.to(torch.long))
+        initial = initial[(initial >= 0) & (initial < vocab_size)]
+        self.member = torch.zeros(vocab_size, dtype=torch.bool)
+        self.member[initial] = True
+        self.ids = initial
+        self.version = 0
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def add(self, tokens: torch.Tensor) -> None:
+        tokens = tokens.reshape(-1).to(torch.long)
+        tokens = tokens[(tokens >= 0) & (tokens < len(self.member))]
+        new = torch.unique(tokens[~self.member[tokens]])
+        if len(new):
+            self.member[new] = True
+            self.ids = torch.cat([self.ids, new])
+            self.version += 1
+
+
+def lowest_ids_vocab(size: int, vocab_size: int, always: Sequence[int] = ()) -> torch.Tensor:
+    """The `size` lowest token ids and the `always` ones (special tokens): the starting draft vocabulary
+    of a model drafter that has none of its own."""
+    ids = torch.arange(min(size, vocab_size))
+    extra = torch.tensor([t for t in always if 0 <= t < vocab_size], dtype=torch.long)
+    return torch.unique(torch.cat([ids, extra]))

@@ -108,10 +108,12 @@ class ModelRunner:
     paged_attention: attention of decode and verify blocks (<= DECODE_KERNEL_MAX_TOKENS new tokens
     per row) in specactor_engine/kernels/paged_attention, reading each slot in place; otherwise torch's attention
     over gathered keys and values.
+    head: a module used instead of the model's lm_head (a drafter's compact head over part of the
+    vocabulary, whose logits are then [..., N] for its N tokens); it may be replaced between forwards.
     """
 
     def __init__(self, model: nn.Module, num_slots: int = 0, max_len: int = 0, packed_linear: bool = True,
-                 paged_attention: bool = True) -> None:
+                 paged_attention: bool = True, head: nn.Module | None = None) -> None:
         config = model.config
         self.model = model
         self.config = config
@@ -128,6 +130,7 @@ class ModelRunner:
         self._packed = packed
         self.paged_attention = paged_attention and self.device.type == "cpu"
         self._packed_head: PackedLinear | None = None
+        self.head = head
 
     def _new_cache(self, num_slots: int, max_len: int) -> KVCache:
         return KVCache(self.config.num_hidden_layers, num_slots, max_len, self.num_kv_heads, self.head_dim,
@@ -239,6 +242,8 @@ class ModelRunner:
 
     def _lm_head(self) -> Callable[[torch.Tensor], torch.Tensor]:
         """The model's current head (it may be swapped, e.g. for a sub-vocabulary head), packed if plain."""
+        if self.head is not None:
+            return self.head
         head = self.model.lm_head
         if not self._packed or type(head) is not nn.Linear:
             return head

@@ -1,0 +1,137 @@
+"""Cheaper model drafting: int8 drafting weights and a compact head over part of the vocabulary.
+
+Neither may change the output (a draft is only a proposal): exact against plain decoding in fp64, under
+both acceptance rules; the compact head's sampling equals full-vocabulary sampling with the other tokens
+masked; the int8 copy follows the float weights through updates.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from specactor_engine.drafters import DraftRequest, DrafterContext
+from specactor_engine.drafters.model import ModelDrafter
+from specactor_engine.engine import Engine
+from specactor_engine.model.draft_vocab import GrowingVocab, lowest_ids_vocab
+from specactor_engine.model.quantize import int8_supported, quantize_int8
+from specactor_engine.sampling import SamplingParams, sample_tokens
+from specactor_engine.state import SequenceState
+from tests.engine.test_exactness import MAX_LEN, ragged_requests, rollout, run, sampling, token_ids
+from tests.fixtures.tiny_models import make_tiny_model, make_tokenizer
+
+needs_int8 = pytest.mark.skipif(not int8_supported(), reason="no x86/fbgemm quantized engine in this torch build")
+
+
+@pytest.fixture(scope="module")
+def target():
+    return make_tiny_model("qwen2", seed=11, dtype=torch.float64)
+
+
+def drafter(target, quantize: str = "none", draft_vocab: int | None = None, model=None) -> ModelDrafter:
+    tokenizer = make_tokenizer()
+    context = DrafterContext("cpu", "float32", tokenizer, target.config.vocab_size)
+    model = model if model is not None else make_tiny_model("llama", seed=1, num_layers=1, dtype=torch.float32)
+    config = SimpleNamespace(name="model", quantize=quantize, draft_vocab=draft_vocab)
+    return ModelDrafter(config, context, model=model, tokenizer=tokenizer)
+
+
+@pytest.mark.parametrize("quantize", ["none", pytest.param("int8", marks=needs_int8)])
+@pytest.mark.parametrize("draft_vocab", [None, 40])
+@pytest.mark.parametrize("acceptance, temperature", [("position_keyed", 0.0), ("position_keyed", 1.0),
+                                                     ("rejection", 0.0)])
+def test_cheap_model_drafters_are_exact(target, quantize, draft_vocab, acceptance, temperature):
+    """Token for token (rejection sampling is exact in distribution when sampling: the next test)."""
+    params = sampling(temperature, n=3, max_new_tokens=30)
+    reference = token_ids(run(target, ragged_requests(6), params))
+    draft = drafter(target, quantize, draft_vocab)
+    config = rollout("coupled", num_draft_tokens=4, max_batch_size=16, acceptance=acceptance)
+    engine = Engine(target, make_tokenizer(), config, max_model_len=MAX_LEN, drafters=[draft], check_invariants=True)
+    result = engine.generate(ragged_requests(6), params)
+    assert token_ids(result) == reference
+    assert result.stats.drafted_tokens > 0
+    if draft_vocab is not None:  # the vocabulary took in every token the target emitted
+        emitted = torch.tensor([t for output in result.outputs for t in output.token_ids])
+        assert bool(draft.vocab.member[emitted].all()) and len(draft.vocab) > draft_vocab
+
+
+@needs_int8
+def test_the_int8_copy_drafts_and_the_float_model_is_what_is_trained_and_synced(target):
+    """Drafting runs on quantized linears; trainable_model is the float master; after a weight update the
+    copy is rebuilt from the new weights (its drafts equal those of a drafter built on them)."""
+    from torch.ao.nn.quantized.dynamic import Linear as DynamicInt8Linear
+
+    first, second = (make_tiny_model("llama", seed=s, num_layers=1, dtype=torch.float32) for s in (1, 2))
+    updated = drafter(target, "int8", model=first)
+    assert isinstance(updated.runner.model.model.layers[0].mlp.down_proj, DynamicInt8Linear)
+    assert updated.trainable_model() is first and isinstance(first.model.layers[0].mlp.down_proj, torch.nn.Linear)
+    updated.update_weights(second.state_dict().items(), version=1)
+    fresh = drafter(target, "int8", model=make_tiny_model("llama", seed=2, num_layers=1, dtype=torch.float32))
+    assert torch.equal(_drafts(updated), _drafts(fresh))
+    assert not torch.equal(_drafts(drafter(target, "int8", model=make_tiny_model("llama", seed=1, num_layers=1,
+                                                                                  dtype=torch.float32))),
+                           _drafts(fresh))  # the premise: the two weights draft differently
+
+
+@pytest.mark.parametrize("quantize", ["none", pytest.param("int8", marks=needs_int8)])
+def test_compact_head_draft_probabilities_are_a_distribution_over_its_vocabulary(target, quantize):
+    """Rejection sampling needs q: with a compact head, q is zero outside the drafter's vocabulary, sums to
+    one, and gives the drafted token positive mass (then the rejection rule is exact for any q)."""
+    draft = drafter(target, quantize, draft_vocab=40)
+    proposal = _proposal(draft, coupled_noise=False)
+    assert proposal.probs is not None and proposal.probs.shape[-1] == target.config.vocab_size
+    outside = ~draft.vocab.member
+    assert float(proposal.probs[..., outside].abs().max()) == 0.0
+    assert torch.allclose(proposal.probs.sum(-1), torch.ones(2, 5, dtype=torch.float64))
+    assert bool((proposal.probs.gather(-1, proposal.token_ids[..., None]) > 0).all())
+
+
+def _drafts(model_drafter: ModelDrafter) -> torch.Tensor:
+    """Drafts [2, 5] at T=1 for two fixed prompts."""
+    return _proposal(model_drafter).token_ids
+
+
+def _proposal(model_drafter: ModelDrafter, coupled_noise: bool = True):
+    """The drafter's proposal of 5 tokens per row at T=1 for two fixed prompts."""
+    state = SequenceState.allocate(2, 32)
+    prompts = torch.tensor([[5, 9, 17, 33, 2, 8], [40, 41, 42, 43, 44, 45]])
+    state.tokens[:, :6] = prompts
+    state.lengths[:] = state.prompt_lengths[:] = 6
+    state.seq_keys[:] = torch.tensor([3, 4])
+    model_drafter.allocate(2, 32)
+    slots = torch.arange(2)
+    model_drafter.add_rows(state, slots)
+    request = DraftRequest(slots, torch.tensor([5, 5]), SamplingParams(temperature=1.0), coupled_noise=coupled_noise)
+    return model_drafter.propose(state, request)
+
+
+def test_compact_sampling_equals_full_sampling_with_the_other_tokens_masked():
+    torch.manual_seed(0)
+    for vocab_size in (300, 6000):  # the reference path and the fused kernel's
+        logits = torch.randn(3, 2, vocab_size)
+        ids = torch.sort(torch.randperm(vocab_size)[: vocab_size // 4]).values
+        masked = torch.full_like(logits, float("-inf"))
+        masked[..., ids] = logits[..., ids]
+        keys, positions = torch.tensor([11, 22, 33]), torch.tensor([[0, 1], [5, 6], [9, 10]])
+        for temperature in (0.0, 0.7, 1.0):
+            params = SamplingParams(temperature)
+            full = sample_tokens(masked, params, keys, positions)
+            compact = sample_tokens(logits[..., ids], params, keys, positions, vocab_ids=ids)
+            assert torch.equal(full, compact)
+            assert bool(torch.isin(compact, ids).all())
+
+
+def test_growing_vocab_keeps_insertion_order_and_counts_changes():
+    vocab = GrowingVocab(lowest_ids_vocab(4, 100, always=[99, 500]), 100)
+    assert vocab.ids.tolist() == [0, 1, 2, 3, 99] and vocab.version == 0
+    vocab.add(torch.tensor([[3, 7], [7, 150]]))  # 150 lies outside the vocabulary: ignored
+    assert vocab.ids.tolist() == [0, 1, 2, 3, 99, 7] and vocab.version == 1
+    vocab.add(torch.tensor([1, 2]))
+    assert vocab.version == 1  # nothing new: a head built over it stays valid
+
+
+def test_int8_needs_a_float32_drafter():
+    with pytest.raises(ValueError, match="float32"):
+        quantize_int8(make_tiny_model("llama", seed=1, num_layers=1, dtype=torch.float64))
