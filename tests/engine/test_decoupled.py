@@ -386,3 +386,43 @@ def test_worker_prefills_a_shared_prompt_once_and_drafts_as_if_alone(target):
     assert together == alone
     fed_alone = sum(drafts_of([r])[1] for r in range(4))
     assert fed_together < fed_alone  # rows 1 and 3 reused row 0's prompt
+
+
+def test_paused_workers_give_their_threads_back(models, target, monkeypatch):
+    """Dynamic decoupling's plain phases: the verifier decodes on every thread and the paused worker
+    process takes no CPU (it blocks on its pipe), so a paused phase is plain decoding with nothing beside it;
+    in the workers' phases the verifier keeps to its own threads."""
+    from specactor_engine.decoupled.phase import SOLO
+    from specactor_engine.run import Run
+
+    params = sampling(1.0, n=2, max_new_tokens=60, ignore_eos=True)
+    reference = token_ids(run(target, ragged_requests(5), params))
+    coordinator = coordinator_for(models["other"], target.config.vocab_size)
+    worker = coordinator.workers[0].transport
+    total = torch.get_num_threads()
+    seen: list[tuple[str, int, float]] = []  # per round: arm, verifier threads, worker CPU seconds so far
+    choose_arm = Run._choose_arm
+
+    def recording(run, rows, context):
+        arm = choose_arm(run, rows, context)
+        seen.append((arm, torch.get_num_threads(), worker.cpu_s()))
+        return arm
+
+    monkeypatch.setattr(Run, "_choose_arm", recording)
+    try:
+        engine = decoupled_engine(target, coordinator, verify_length="dynamic", dynamic_decoupling=True,
+                                  verifier_threads=1)
+        result = engine.generate(ragged_requests(5), params, progress=slow_verifier)
+    finally:
+        coordinator.close()
+    assert token_ids(result) == reference
+    arms = [arm for arm, _, _ in seen]
+    assert SOLO in arms and "decoupled" in arms
+    assert all(threads == (total if arm == SOLO else 1) for arm, threads, _ in seen)
+    # CPU the worker took during settled paused rounds (a round whose predecessor was paused too)
+    paused_cpu = sum(b[2] - a[2] for a, b in zip(seen, seen[1:]) if a[0] == SOLO and b[0] == SOLO)
+    paused_rounds = sum(1 for a, b in zip(seen, seen[1:]) if a[0] == SOLO and b[0] == SOLO)
+    running_cpu = sum(b[2] - a[2] for a, b in zip(seen, seen[1:]) if a[0] != SOLO)
+    # the premise: the worker's CPU time is measured (0.34 s seen in its phases, in 10 ms ticks)
+    assert paused_rounds >= 10 and running_cpu > 0.05, (paused_rounds, running_cpu)
+    assert paused_cpu <= 0.05, (paused_cpu, paused_rounds, running_cpu)  # blocked (0.01 s seen over 40 rounds)
