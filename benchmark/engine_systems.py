@@ -31,16 +31,21 @@ from specactor_engine.config import (
     SuffixDrafterConfig,
 )
 from specactor_engine.drafters import Drafter
+from specactor_engine.model.quantize import int8_supported
 from specactor_engine.types import Request
 
 ALL_AT_ONCE = 1 << 16  # rollout.max_batch_size meaning "every sequence in one batch"
 WORKER_START_TIMEOUT_S = 600
 
 # Where a variant's drafts come from. "trace": the trace's draft model in process (the n-gram drafter
-# when the trace has none); "model": the trace's draft model in process, left out when the trace has none;
+# when the trace has none); "model": the trace's draft model in process as `specactor` drafts with it (int8
+# weights and a compact head where this torch build quantizes), left out when the trace has none;
 # "suffix", "ngram": those config drafters; "oracle": the reference run's own outputs, not a config kind:
 # the oracle system hands it to the engine itself (benchmark/oracle.py).
 DraftSource = Literal["trace", "model", "suffix", "ngram", "oracle"]
+# "model" drafts over this many tokens (lowest ids, growing with what the target uses): 93% of reasoning-gym
+# text's Qwen tokens lie below id 32768 before any growth
+CHEAP_DRAFT_VOCAB = 32768
 
 
 @dataclass(frozen=True)
@@ -78,11 +83,15 @@ ENGINE_VARIANTS: tuple[EngineVariant, ...] = (
     EngineVariant("coupled-ngram", "coupled", "The n-gram drafter alone, dynamic verify length: a single-drafter "
                   "baseline for `specactor` (on traces without a draft model `coupled-dynamic` is the same system).",
                   ("ngram",), "dynamic"),
+    EngineVariant("coupled-cheap", "coupled", "The trace's draft model as `specactor` drafts with it in process: "
+                  "int8 weights and a compact head over 32k tokens, dynamic verify length (its single-drafter "
+                  "baseline).", ("model",), "dynamic"),
     EngineVariant("decoupled", "decoupled", "The trace's draft model in a worker process; the verifier never waits; "
                   "dynamic verify length and dynamic decoupling.", (), "dynamic", workers=True),
     EngineVariant("specactor", "specactor", "Per request, Fastest-of-N over the suffix and n-gram drafters and, when "
-                  "the trace has a draft model, that model in process and in a drafter worker streaming its drafts "
-                  "(dynamic decoupling pauses the worker where it cannot pay); dynamic verify length.",
+                  "the trace has a draft model, that model in process (int8 weights, compact head: `coupled-cheap`'s) "
+                  "and in a drafter worker streaming its drafts (dynamic decoupling pauses the worker where it cannot "
+                  "pay); the verify length and each row's method chosen together per round.",
                   ("model", "suffix", "ngram"), "dynamic", workers=True),
     EngineVariant("oracle", "coupled", "Coupled mode fed the target's own final outputs: the ceiling at this verify "
                   "length.", ("oracle",)),
@@ -113,7 +122,12 @@ def _drafter_config(source: DraftSource, spec: RunSpec) -> DrafterConfig:
     """The config drafter behind one draft source of a row."""
     if source == "suffix":
         return SuffixDrafterConfig()
-    if source in ("trace", "model") and spec.drafter is not None:
+    if source == "model" and spec.drafter is not None:  # drafting that costs little (docs/architecture.md 13)
+        cheap = int8_supported()
+        return ModelDrafterConfig(model=str(resolve_local(spec.drafter, spec.dtype)),
+                                  dtype="float32" if cheap else spec.dtype, quantize="int8" if cheap else "none",
+                                  draft_vocab=CHEAP_DRAFT_VOCAB)
+    if source == "trace" and spec.drafter is not None:
         return ModelDrafterConfig(model=str(resolve_local(spec.drafter, spec.dtype)), dtype=spec.dtype)
     if source in ("trace", "ngram"):
         return NgramDrafterConfig()
@@ -147,7 +161,7 @@ class EngineSystem(System):
     def __init__(self, variant: EngineVariant, spec: RunSpec, drafters: Sequence[Drafter] | None = None) -> None:
         from specactor_engine.engine import Engine
 
-        if variant.mode == "decoupled" and spec.drafter is None:
+        if spec.drafter is None and (variant.mode == "decoupled" or variant.drafters == ("model",)):
             raise RuntimeError(f"{variant.name} needs a draft model (this trace has none)")
         self.variant = variant
         self.engine = Engine.from_config(engine_config(variant, spec), drafters=drafters)

@@ -22,6 +22,7 @@ EXPECTED = {
     "coupled-dynamic": ("coupled", ["model"], ["ngram"], "dynamic", False, True),
     "coupled-suffix": ("coupled", ["suffix"], ["suffix"], "dynamic", False, True),
     "coupled-ngram": ("coupled", ["ngram"], ["ngram"], "dynamic", False, True),
+    "coupled-cheap": ("coupled", ["model"], None, "dynamic", False, True),
     "decoupled": ("decoupled", [], None, "dynamic", True, True),
     "specactor": ("specactor", ["model", "suffix", "ngram"], ["suffix", "ngram"], "dynamic", True, True),
     "oracle": ("coupled", ["suffix", "ngram"], ["suffix", "ngram"], "fixed", False, True),
@@ -47,7 +48,7 @@ def specs(tmp_path: Path) -> dict[bool, RunSpec]:
 
 def test_every_system_name_is_registered_in_order():
     assert list(SYSTEMS) == ["hf", "ar", "ar-torch", "coupled", "coupled-dynamic", "coupled-suffix", "coupled-ngram",
-                             "decoupled", "specactor", "oracle", "oracle-dynamic", "vllm", "vllm-spec", "vllm-ngram"]
+                             "coupled-cheap", "decoupled", "specactor", "oracle", "oracle-dynamic", "vllm", "vllm-spec", "vllm-ngram"]
     assert [name for name, entry in SYSTEMS.items() if entry.needs_reference] == ["oracle", "oracle-dynamic"]
     assert system_unavailable("ar") is None and system_unavailable("nothing") is None
 
@@ -71,10 +72,25 @@ def test_each_engine_row_configures_the_engine_like_before(variant, specs):
             (defaults.combine_below, defaults.shadow_rows, defaults.acceptance, defaults.selection)
 
 
-def test_decoupled_needs_a_draft_model(specs):
-    decoupled = next(v for v in ENGINE_VARIANTS if v.name == "decoupled")
-    with pytest.raises(RuntimeError, match="decoupled needs a draft model"):
-        EngineSystem(decoupled, specs[False])
+@pytest.mark.parametrize("name", ["decoupled", "coupled-cheap"])
+def test_rows_that_only_draft_with_the_draft_model_need_one(specs, name):
+    variant = next(v for v in ENGINE_VARIANTS if v.name == name)
+    with pytest.raises(RuntimeError, match=f"{name} needs a draft model"):
+        EngineSystem(variant, specs[False])
+
+
+def test_specactor_drafts_with_the_cheap_model_and_coupled_with_the_trace_s_model_as_is(specs):
+    """`specactor` (and `coupled-cheap`) draft on int8 weights over a compact head where torch quantizes;
+    `coupled` is the classic baseline: the draft model at the trace's dtype, full vocabulary."""
+    from specactor_engine.model.quantize import int8_supported
+
+    by_name = {v.name: v for v in ENGINE_VARIANTS}
+    cheap = [d for name in ("specactor", "coupled-cheap")
+             for d in engine_config(by_name[name], specs[True]).rollout.drafters if d.kind == "model"]
+    assert len(cheap) == 2 and all(d.draft_vocab == 32768 for d in cheap)
+    assert all(d.quantize == ("int8" if int8_supported() else "none") for d in cheap)
+    classic = engine_config(by_name["coupled"], specs[True]).rollout.drafters[0]
+    assert (classic.quantize, classic.draft_vocab, classic.dtype) == ("none", None, "float32")
 
 
 def test_vllm_speculation_follows_the_row(specs):
