@@ -140,10 +140,12 @@ class Proposer:
             drafts.shadow_s = time.perf_counter() - started
         return drafts
 
-    def add_candidates(self, slots: torch.Tensor, drafts: RoundDrafts, max_rows: int) -> None:
-        """Combination: second candidates from the other in-process methods, at most `max_rows`."""
+    def add_candidates(self, slots: torch.Tensor, drafts: RoundDrafts, max_rows: int, free_only: bool = False) -> None:
+        """Combination: second candidates from the other in-process methods, at most `max_rows`; free_only:
+        only from model-free methods (a dynamic verify length weighed the round's drafting cost, and a draft
+        model's candidates would add a whole drafting call it did not weigh)."""
         started = time.perf_counter()
-        drafts.candidates = self._candidates(slots, drafts, max_rows)
+        drafts.candidates = self._candidates(slots, drafts, max_rows, free_only)
         drafts.candidate_s = time.perf_counter() - started
 
     def _row_verify_s(self) -> float:
@@ -258,7 +260,7 @@ class Proposer:
         return probs
 
     # ------------------------------------------------------------------ combination (the tail)
-    def _candidates(self, slots: torch.Tensor, drafts: RoundDrafts, max_rows: int) -> Candidates | None:
+    def _candidates(self, slots: torch.Tensor, drafts: RoundDrafts, max_rows: int, free_only: bool) -> Candidates | None:
         """Second candidates from the other in-process methods for rows of this round.
 
         At most one per row and `max_rows` in all. A candidate that is a prefix of the row's own draft
@@ -268,7 +270,7 @@ class Proposer:
         caps, proposal, sources = drafts.caps, drafts.proposal, drafts.sources
         open_rows = (caps > 0).nonzero().flatten().tolist()
         found: dict[int, tuple[torch.Tensor, int, str]] = {}
-        for drafter in self.drafters:
+        for drafter in self.shadow_drafters if free_only else self.drafters:
             rows = [r for r in open_rows if r not in found and sources[r] != drafter.name]
             if not rows:
                 continue

@@ -226,7 +226,7 @@ class Run:
                                        shadow_idle=self.proposer.shadows is not None and plan.drafting,
                                        chosen=plan.methods)
         if len(self.scratch) and len(slots) <= self.engine.combine_below and drafts.chosen is not None:
-            self.proposer.add_candidates(slots, drafts, max_rows=len(self.scratch))
+            self.proposer.add_candidates(slots, drafts, max_rows=len(self.scratch), free_only=plan.policy is not None)
         self.stats.draft_s += drafts.draft_s + drafts.shadow_s + drafts.candidate_s
         verify_started = time.perf_counter()
         verified = self.verifier.verify(slots, drafts)  # logits [R, k+1, V]; winning candidates swapped in
@@ -239,12 +239,14 @@ class Run:
         self.proposer.credit(slots, drafts, own)
         if plan.policy is not None:
             verified_caps = plan.caps if drafts.deferred is None else torch.where(drafts.deferred, 0, plan.caps)
-            # the shadow drafting of idle rows is left out: it is not part of any width's cost
+            # the shadow drafting of idle rows and the candidates' drafting are left out: they are not part of
+            # any width's verify cost
             # each row's acceptance counts for the method whose drafts it verified (its chosen one if none came)
             chosen = drafts.chosen or [None] * len(slots)
             methods = [source or choice for source, choice in zip(drafts.sources, chosen)]
             plan.policy.observe_round(plan.cap, verified_caps.numpy(), outcome.num_accepted.numpy(), drafts.draft_s,
-                                      time.perf_counter() - started - drafts.shadow_s, len(slots), plan.context,
+                                      time.perf_counter() - started - drafts.shadow_s - drafts.candidate_s,
+                                      len(slots), plan.context,
                                       regime=plan.arm or "", methods=methods if drafts.chosen else None,
                                       draft_s_by_method=drafts.draft_s_by_drafter)
         if self.phase is not None:

@@ -5,7 +5,7 @@ slot is at most state.lengths - 1 and covers exactly the slot's committed tokens
 Drafting feeds the not-yet-cached committed tokens, then its own drafts; after a
 verify round the fed drafts that match the committed tokens stay, the rest roll back.
 
-Cheaper drafting (docs/architecture.md section 13), neither of which can change the output (a
+Cheaper drafting (docs/architecture.md section 11.2), neither of which can change the output (a
 draft is only a proposal):
 - `quantize: int8`: drafting runs on an int8 copy of the model (model/quantize.py); the float
   model stays the one trained and synced, and the copy is rebuilt from it on each weight update.

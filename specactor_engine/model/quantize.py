@@ -4,7 +4,7 @@ A draft step at a few rows streams every weight once (memory-bound), so its cost
 of the weights. Per-channel int8 weights with dynamically quantized activations (PyTorch's fbgemm /
 x86 dynamic quantization) cut a Qwen2.5-Coder-0.5B step at 4 rows from ~226 ms (fp32, oneDNN packed)
 to ~69 ms on a 2-core AVX2 CPU, and its greedy choices agree with the 1.5B target's on 83% of
-positions against 88% in fp32 (tests/engine and docs/architecture.md section 13). Drafts are only
+positions against 88% in fp32 (docs/architecture.md section 11.2). Drafts are only
 proposals, so output stays exact; what the quantization costs is acceptance, never correctness.
 
 The quantized model is a copy used for drafting only: training and weight syncs act on the float

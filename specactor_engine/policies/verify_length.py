@@ -174,16 +174,27 @@ class CostProfile:
 
 @dataclass
 class AcceptanceStats:
-    """EMAs per draft position j = 1..max_k of P(first j drafts accepted | row verified >= j drafts)."""
+    """EMAs per draft position j = 1..max_k of P(first j drafts accepted | row verified >= j drafts).
+
+    A position's estimate starts at the prior and becomes the running mean of its first 1/decay
+    observed rounds, then an EMA (so one round does not outweigh a start it knows nothing about, and a
+    slow EMA does not drag a prior along for tens of rounds). Positions never observed (deeper than any
+    round verified so far) are extrapolated from the deepest observed one, at its conditional rate
+    q_j / q_{j-1}: a drafter whose first two drafts are accepted 87% and 75% of the time is not assumed
+    to fall to the prior's 12% at the third just because no round has verified a third yet.
+    """
 
     max_k: int
-    decay: float = 0.1  # weight of the newest round
+    decay: float = 0.1  # weight of the newest round (once a position has 1/decay observed rounds)
     prior: float = 0.5  # optimistic start, so speculation gets tried
     accept_through: list[float] = field(default_factory=list)
+    observed: list[int] = field(default_factory=list)  # rounds that observed each position
 
     def __post_init__(self) -> None:
         if not self.accept_through:
             self.accept_through = [self.prior**j for j in range(1, self.max_k + 1)]
+        if not self.observed:
+            self.observed = [0] * self.max_k
 
     def observe(self, verified_with: Sequence[int], accepted: Sequence[int]) -> None:
         """One round: per row, how many drafts it verified and how many of them it accepted.
@@ -196,13 +207,27 @@ class AcceptanceStats:
             rows = verified >= j
             if rows.any():
                 rate = float((took[rows] >= j).mean())
-                self.accept_through[j - 1] += self.decay * (rate - self.accept_through[j - 1])
+                self.observed[j - 1] += 1
+                weight = max(self.decay, 1.0 / self.observed[j - 1])
+                self.accept_through[j - 1] += weight * (rate - self.accept_through[j - 1])
+
+    def rates(self) -> list[float]:
+        """q_j for j = 1..max_k, positions never observed extrapolated from the deepest observed one."""
+        q = list(self.accept_through)
+        deepest = max((j for j in range(self.max_k) if self.observed[j]), default=None)
+        if deepest is None:
+            return q  # nothing observed: the prior (or rates set by hand)
+        before = q[deepest - 1] if deepest > 0 else 1.0
+        ratio = min(q[deepest] / before, 1.0) if before > 0 else 0.0
+        for j in range(deepest + 1, self.max_k):
+            q[j] = q[j - 1] * ratio
+        return q
 
     def expected_tokens(self, k: int) -> float:
         """E[tokens emitted per row] when verifying k drafts (a prefix chain never gains depth)."""
         total, best = 1.0, 1.0
-        for j in range(k):
-            best = min(best, self.accept_through[j])
+        for q in self.rates()[:k]:
+            best = min(best, q)
             total += best
         return total
 

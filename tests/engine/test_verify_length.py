@@ -202,7 +202,7 @@ def test_while_speculating_it_probes_plain_decoding_and_the_calibration_then_cor
 def test_calibration_is_kept_per_batch_bucket_so_a_one_row_warm_up_does_not_mislead_the_full_batch():
     """Trace A's coupled-suffix run: a one-row warm-up (or the previous step's tail) where drafts were all
     accepted and plain rounds ran 2x slower than profiled (host work dominates one row) left the policy at
-    k=2; at the full batch, with acceptance low, one shared factor kept plain decoding looking 2x too
+    k=4 (every draft accepted: the unverified deeper positions are extrapolated at that rate); at the full batch, with acceptance low, one shared factor kept plain decoding looking 2x too
     expensive, so it speculated for 40+ rounds. Per batch bucket, the full batch learns its own factor."""
     true_cost = linear_table(0.1, 0.01)  # 1 row: speculation is nearly free; 32 rows: compute-bound
     policy = VerifyLengthPolicy(true_cost, AcceptanceStats(max_k=4, decay=0.1), probe_every=16, decay=0.2)
@@ -212,7 +212,7 @@ def test_calibration_is_kept_per_batch_bucket_so_a_one_row_warm_up_does_not_misl
         warm_up.append(k)
         policy.observe_round(k, [k], [k], draft_s=0.0, round_s=(2.0 if k == 0 else 1.0) * true_cost.cost(1, k + 1),
                              rows=1)
-    assert warm_up[-1] == 2 and policy.calibration(1, rows=1) == pytest.approx(2.0)
+    assert warm_up[-1] == 4 and policy.calibration(1, rows=1) == pytest.approx(2.0)
     chosen = []
     for _ in range(40):  # the full batch: a fifth of the rows accept their first draft, true costs
         k = policy.choose(32)
@@ -220,8 +220,8 @@ def test_calibration_is_kept_per_batch_bucket_so_a_one_row_warm_up_does_not_misl
         accepted = [1 if row < 32 * 0.2 and k else 0 for row in range(32)]
         policy.observe_round(k, [k] * 32, accepted, draft_s=0.0, round_s=true_cost.cost(32, k + 1), rows=32)
     assert analytic_best(true_cost, policy.stats.accept_through, 32) == 0
-    assert chosen[:1] == [2] and chosen[8:] == [0] * 32  # plain decoding within a few rounds, for good
-    assert policy.calibration(1, rows=32) == pytest.approx(1.0)  # borrowed from its own bucket's width 3
+    assert chosen[:1] == [4] and chosen[8:] == [0] * 32  # plain decoding within a few rounds, for good
+    assert policy.calibration(1, rows=32) == pytest.approx(1.0)  # learned in its own bucket
     assert policy.calibration(1, rows=1) == pytest.approx(2.0)  # the one-row bucket kept its own
 
 
@@ -269,3 +269,32 @@ def test_a_draft_model_whose_drafts_are_accepted_wins_the_round_and_goes_deep():
     assert policy.drafting_seconds(4, half) == pytest.approx(4 * D_DRAFT_STEP_S)
     model, suffix = (policy.method_stats(m).expected_tokens(4) for m in ("model", "suffix"))
     assert model > 4.9 and policy.expected_tokens(4, 4, half) == pytest.approx(2 * model + 2 * suffix)
+
+
+def test_a_position_starts_as_the_running_mean_of_its_first_rounds_then_forgets():
+    """The prior is a start, not evidence: one observed round replaces it (an EMA at 0.1 would still say
+    0.55 after a round of all-accepted drafts), the first 1/decay rounds are averaged, later ones decay."""
+    stats = AcceptanceStats(max_k=2, decay=0.25)
+    stats.observe([2] * 4, [2] * 4)
+    assert stats.accept_through == pytest.approx([1.0, 1.0])
+    stats.observe([2] * 4, [0] * 4)
+    assert stats.accept_through == pytest.approx([0.5, 0.5])  # the mean of two rounds
+    for _ in range(2):
+        stats.observe([2] * 4, [2] * 4)
+    assert stats.accept_through == pytest.approx([0.75, 0.75])  # the mean of four = 1/decay rounds
+    stats.observe([2] * 4, [0] * 4)
+    assert stats.accept_through == pytest.approx([0.75 * 0.75, 0.75 * 0.75])  # from here an EMA at 0.25
+
+
+def test_positions_no_round_verified_are_extrapolated_at_the_deepest_conditional_rate():
+    """coupled-cheap on trace D verified two drafts per row (87% and 75% accepted): the third and fourth,
+    never verified, are not left at the prior's 12% and 6%, which kept the verify length at 2 for good."""
+    stats = AcceptanceStats(max_k=4)
+    assert stats.rates() == pytest.approx([0.5, 0.25, 0.125, 0.0625])  # nothing observed: the prior
+    for _ in range(5):
+        stats.observe([2] * 4, [2, 2, 2, 0])  # q1 = q2 = 0.75: conditional rate 1 at position 2
+    assert stats.rates() == pytest.approx([0.75] * 4)
+    stats = AcceptanceStats(max_k=4, decay=1.0)
+    stats.observe([2] * 10, [2] * 6 + [1] * 3 + [0])  # q1 = 0.9, q2 = 0.6
+    assert stats.rates() == pytest.approx([0.9, 0.6, 0.4, 0.6 * (2 / 3) ** 2])
+    assert stats.expected_tokens(4) == pytest.approx(1 + 0.9 + 0.6 + 0.4 + 0.4 * 2 / 3)
