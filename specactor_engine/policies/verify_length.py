@@ -256,6 +256,12 @@ class VerifyLengthPolicy:
     by_method: dict[str, AcceptanceStats] = field(default_factory=dict)  # acceptance per draft method
     draft_s_by_method: dict[str, float] = field(default_factory=dict)  # EMA drafting seconds per position, per method
     option: int = 0  # the assignment (index into `choose`'s options) of the last choice
+    # per-method statistics follow faster than the pooled ones (the selector's 0.3): a costly method is measured
+    # only in the rounds that draft with it, a few probes apart
+    method_decay: float = 0.3
+    rounds_off_first: int = 0  # rounds since the first assignment last ran (-1: it just ran as a probe)
+    option_interval: int = 0  # rounds between probes of the first assignment (0: probe_every)
+    first_score_at_probe: float = 0.0  # the first assignment's best expected rate when it was last probed
 
     @property
     def max_k(self) -> int:
@@ -284,7 +290,7 @@ class VerifyLengthPolicy:
         """The acceptance statistics of one draft method (the optimistic prior until it is observed)."""
         stats = self.by_method.get(method)
         if stats is None:
-            stats = self.by_method[method] = AcceptanceStats(self.max_k, self.stats.decay, self.stats.prior)
+            stats = self.by_method[method] = AcceptanceStats(self.max_k, self.method_decay, self.stats.prior)
         return stats
 
     def expected_tokens(self, rows: int, k: int, methods: Sequence[str | None] | None = None) -> float:
@@ -349,7 +355,34 @@ class VerifyLengthPolicy:
             self.probe_from, k, self.rounds_since_probe = k, target, 0
         self.history.append(k)
         self.option = self._best_option(rows, k, context, regime, options)[1]
+        if options is not None and len(options) > 1:
+            first = [options[0]]
+            k = self._probe_first_option(k, max(self._best_option(rows, j, context, regime, first)[0]
+                                                for j in range(1, self.max_k + 1)))
         return k
+
+    def _probe_first_option(self, k: int, first_score: float) -> int:
+        """Keep the selector's own assignment (options[0]) measured while another wins: a method that drafts in
+        line with a model is measured only in rounds that draft with it, so once it loses its statistics would
+        never change again (session 15's trace D: warm-up statistics kept the draft model out for a whole run).
+        Every `probe_every` rounds off it one round runs it at max_k (every position measured: a probe at its
+        best length, 1 for a method that lost, would never refresh the deeper ones). The interval doubles (up
+        to `max_probe_every`) after a probe that left its expected rate (`first_score`: its best throughput
+        now) where it was, and starts over after one that raised it. Returns the round's length."""
+        if self.option == 0 and k > 0:  # chosen on its merits (after a probe too): probes start over from probe_every
+            self.option_interval, self.rounds_off_first = 0, 0
+            return k
+        if self.rounds_off_first < 0:  # the round after a probe, and it lost again
+            improved = first_score > (1 + self.hysteresis) * self.first_score_at_probe
+            self.option_interval = 0 if improved else min(2 * (self.option_interval or self.probe_every),
+                                                          self.max_probe_every)
+            self.rounds_off_first = 0
+        self.rounds_off_first += 1
+        if not self.probe_every or self.rounds_off_first < (self.option_interval or self.probe_every):
+            return k
+        self.option, self.rounds_off_first, self.first_score_at_probe = 0, -1, first_score
+        self.history[-1] = self.max_k
+        return self.max_k
 
     def _probe_target(self, k: int, regime: str, rows: int) -> int | None:
         """The length a due probe verifies: max_k (fresh statistics for the deep positions) or 0 (the true

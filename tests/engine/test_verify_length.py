@@ -298,3 +298,38 @@ def test_positions_no_round_verified_are_extrapolated_at_the_deepest_conditional
     stats.observe([2] * 10, [2] * 6 + [1] * 3 + [0])  # q1 = 0.9, q2 = 0.6
     assert stats.rates() == pytest.approx([0.9, 0.6, 0.4, 0.6 * (2 / 3) ** 2])
     assert stats.expected_tokens(4) == pytest.approx(1 + 0.9 + 0.6 + 0.4 + 0.4 * 2 / 3)
+
+
+def test_a_losing_draft_model_is_probed_now_and_then_and_wins_back_when_its_drafts_got_good():
+    """The model's statistics are refreshed only by rounds that draft with it: while the free assignment wins
+    the model's is still run now and then (intervals doubling while it keeps losing), and once probes show
+    its drafts are accepted (each raising its expected rate, so the next comes as soon again), it wins the
+    rounds back. Costs: trace D fp32 with the int8 0.5B's 0.105 s per draft step (coupled-cheap, session 15)."""
+    step = 0.105
+    policy = VerifyLengthPolicy(D_FP32, AcceptanceStats(max_k=4), probe_every=4, max_probe_every=16)
+
+    def model_round(k: int, accepted: int) -> None:
+        policy.observe_round(k, [k] * 4, [accepted] * 4, k * step, k * step + D_FP32.cost(4, k + 1), 4,
+                             methods=MODEL, draft_s_by_method={"model": k * step})
+
+    for _ in range(10):  # the draft model's first rounds: nothing accepted
+        model_round(4, 0)
+    for _ in range(40):  # the suffix drafter's shadows: half right at position 1
+        policy.observe_acceptance([4] * 4, [1, 0, 1, 0], SUFFIX)
+    probes = []
+    for round_index in range(60):
+        k = policy.choose(4, options=[MODEL, SUFFIX])
+        if policy.option == 0 and k > 0:
+            probes.append(round_index)
+            model_round(k, 0)
+    assert probes == [3, 11, 27, 43, 59]  # after 4 rounds off it, then 8, then 16 (the cap)
+    model_rounds = []  # from now on the model's drafts are all accepted
+    for round_index in range(60):
+        k = policy.choose(4, options=[MODEL, SUFFIX])
+        if policy.option == 0 and k > 0:
+            model_rounds.append(round_index)
+            model_round(k, k)
+    assert model_rounds[1] - model_rounds[0] == 4  # the probe raised its rate: the next one comes as soon
+    # within 25 rounds (3 probes) it drafts every round but the policy's own plain-decoding probes
+    others = sorted(set(range(25, 60)) - set(model_rounds))
+    assert len(others) <= 3 and all(policy.history[r - 60] == 0 for r in others), others
