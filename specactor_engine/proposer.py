@@ -53,6 +53,12 @@ class RoundDrafts:
     shadow_s: float = 0.0  # seconds drafting idle rows for statistics only
     candidate_s: float = 0.0  # seconds drafting the combination's candidates
     draft_s_by_drafter: dict[str, float] = field(default_factory=dict)  # in-process drafting seconds by method
+    catch_up_s_by_drafter: dict[str, float] = field(default_factory=dict)  # of which catching up (Drafter.catch_up_s)
+
+    def steady_draft_s(self) -> dict[str, float]:
+        """Drafting seconds by method without catching up: what drafting with it every round costs."""
+        catch_up = self.catch_up_s_by_drafter
+        return {name: spent - catch_up.get(name, 0.0) for name, spent in self.draft_s_by_drafter.items()}
 
     def mark_fallback(self, row: int) -> None:
         """Row `row` verifies another method's drafts: no credit (or blame) for its chosen method."""
@@ -229,7 +235,7 @@ class Proposer:
             proposal = drafter.propose(self.state, request)
             if shadowing:  # drafted to the cap: what this round does not verify is scored as a shadow
                 proposal = self._shadow_beyond(slots, rows, drafts, proposal, drafter.name)
-            self._observe_cost(drafts, drafter.name, time.perf_counter() - started, len(rows))
+            self._observe_cost(drafts, drafter.name, time.perf_counter() - started, len(rows), drafter.catch_up_s)
             got = proposal.num_tokens > 0
             taken = rows[got]
             width = proposal.token_ids.shape[1]
@@ -243,12 +249,16 @@ class Proposer:
         if self.rejection and probs_parts:
             merged.probs = self._merge_probs(merged, probs_parts)
 
-    def _observe_cost(self, drafts: RoundDrafts, name: str, spent: float, rows: int) -> None:
-        """Book an in-process drafter's seconds: this round's, the call's, and the selector's cost model."""
+    def _observe_cost(self, drafts: RoundDrafts, name: str, spent: float, rows: int, catch_up: float = 0.0) -> None:
+        """Book an in-process drafter's seconds: this round's, the call's, and the selector's cost model (which,
+        like the verify length, weighs the steady cost: without `catch_up`, the seconds spent on tokens
+        committed while other methods drafted)."""
         drafts.draft_s_by_drafter[name] = drafts.draft_s_by_drafter.get(name, 0.0) + spent
+        if catch_up:
+            drafts.catch_up_s_by_drafter[name] = drafts.catch_up_s_by_drafter.get(name, 0.0) + catch_up
         self.stats.draft_s_per_drafter[name] = self.stats.draft_s_per_drafter.get(name, 0.0) + spent
         if self.selector is not None:
-            self.selector.observe_cost(name, spent, rows)
+            self.selector.observe_cost(name, spent - catch_up, rows)
 
     def _merge_probs(self, merged: DraftProposal, parts: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         """Draft distributions [R, k, V]: given ones where a drafter sampled, one-hot elsewhere."""

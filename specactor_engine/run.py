@@ -248,7 +248,7 @@ class Run:
                                       time.perf_counter() - started - drafts.shadow_s - drafts.candidate_s,
                                       len(slots), plan.context,
                                       regime=plan.arm or "", methods=methods if drafts.chosen else None,
-                                      draft_s_by_method=drafts.draft_s_by_drafter)
+                                      draft_s_by_method=drafts.steady_draft_s())
         if self.phase is not None:
             self.phase.observe(plan.arm, int(outcome.counts.sum()), time.perf_counter() - started)
 

@@ -55,6 +55,9 @@ class Drafter(ABC):
     # drafting costs no model forward: the engine may draft past the verify length (or for rows that
     # verify none) only to score the drafts against what the rows commit (specactor_engine/policies/shadow.py)
     model_free: bool = False
+    # seconds of the last `propose` spent catching up on tokens committed while other methods drafted (a
+    # switching cost, kept apart from the steady drafting cost the verify length weighs)
+    catch_up_s: float = 0.0
 
     def allocate(self, num_slots: int, max_len: int) -> None:
         """Size per-slot buffers for a generate call with `num_slots` rows of up to `max_len` tokens."""

@@ -18,6 +18,7 @@ draft is only a proposal):
 
 from __future__ import annotations
 
+import time
 from typing import Any, Iterable
 
 import torch
@@ -179,6 +180,7 @@ class ModelDrafter(Drafter):
         return tokens, probs
 
     def propose(self, state: SequenceState, request: DraftRequest) -> DraftProposal:
+        self.catch_up_s = 0.0
         active = request.max_draft_tokens > 0
         slots, caps = request.slots[active], request.max_draft_tokens[active]
         k = int(caps.max()) if len(slots) else 0
@@ -199,6 +201,7 @@ class ModelDrafter(Drafter):
                ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """k autoregressive draft steps for `slots`: tokens [R, k], probs [R, k, V] or None."""
         self._refresh_head()
+        self._catch_up(state, slots, k)
         start = self.runner.lengths[slots].clone()
         pending, counts = state.gather(slots, start, int((state.lengths[slots] - start).max()))
         logits = self.runner.forward(pending, slots, counts, logits_at="last")
@@ -220,6 +223,23 @@ class ModelDrafter(Drafter):
         self._fed[slots, : k - 1] = drafts[:, : k - 1]
         probs_out = torch.stack(all_probs, dim=1) if all_probs[0] is not None else None
         return drafts, probs_out
+
+    def _catch_up(self, state: SequenceState, slots: torch.Tensor, k: int) -> None:
+        """Feed rows that fell behind (rounds drafted by another method) up to their last k + 1 committed
+        tokens in a forward of its own, timed as `catch_up_s`: what a round drafting with this model in
+        every round feeds (the accepted drafts and the bonus token) stays in the first draft step, so the
+        steady drafting cost is measured apart from the cost of switching to it."""
+        started = time.perf_counter()
+        behind = state.lengths[slots] - 1 - self.runner.lengths[slots]  # committed tokens not in the KV yet
+        late = behind > k + 1
+        if bool(late.any()):
+            rows = slots[late]
+            start = self.runner.lengths[rows]
+            counts = behind[late] - k  # leave k + 1 to the first draft step
+            tokens, _ = state.gather(rows, start, int(counts.max()))
+            self.runner.forward(tokens, rows, counts, logits_at="none")
+            self.runner.commit(rows, counts)
+            self.catch_up_s = time.perf_counter() - started
 
     def observe_commit(self, state: SequenceState, slots: torch.Tensor) -> None:
         """Keep the fed drafts that became committed tokens; roll the rest back."""

@@ -135,3 +135,36 @@ def test_growing_vocab_keeps_insertion_order_and_counts_changes():
 def test_int8_needs_a_float32_drafter():
     with pytest.raises(ValueError, match="float32"):
         quantize_int8(make_tiny_model("llama", seed=1, num_layers=1, dtype=torch.float64))
+
+
+def test_a_model_drafter_that_fell_behind_catches_up_apart_and_drafts_the_same():
+    """Rounds drafted by other methods leave the model's KV behind; its next propose feeds those tokens in a
+    forward of its own, timed as `catch_up_s` (a switching cost the verify length does not weigh as the
+    steady per-draft cost), and drafts exactly what a drafter that never fell behind drafts (fp64)."""
+    target = make_tiny_model("qwen2", seed=11, dtype=torch.float64)
+    tokenizer = make_tokenizer()
+    context = DrafterContext("cpu", "float64", tokenizer, target.config.vocab_size)
+
+    def fresh() -> ModelDrafter:
+        model = make_tiny_model("llama", seed=1, num_layers=1, dtype=torch.float64)
+        return ModelDrafter(SimpleNamespace(name="model"), context, model=model, tokenizer=tokenizer)
+
+    state = SequenceState.allocate(2, 64)
+    state.tokens[:, :6] = torch.tensor([[5, 9, 17, 33, 2, 8], [40, 41, 42, 43, 44, 45]])
+    state.lengths[:] = state.prompt_lengths[:] = 6
+    state.seq_keys[:] = torch.tensor([3, 4])
+    slots, request = torch.arange(2), DraftRequest(torch.arange(2), torch.tensor([3, 3]), SamplingParams(1.0))
+    steady, behind = fresh(), fresh()
+    for drafter in (steady, behind):
+        drafter.allocate(2, 64)
+        drafter.add_rows(state, slots)
+    for round_index in range(6):  # `steady` drafts every round; `behind` only in the first and the last
+        steady_drafts = steady.propose(state, request).token_ids
+        assert steady.catch_up_s == 0.0
+        if round_index in (0, 5):
+            assert torch.equal(behind.propose(state, request).token_ids, steady_drafts)
+            assert (behind.catch_up_s > 0) == (round_index == 5)
+        state.append(slots, torch.tensor([[7, 8, 9], [10, 11, 12]]), torch.tensor([3, 2]))
+        for drafter in (steady, behind):
+            drafter.observe_commit(state, slots)
+            drafter.check_invariants(state, slots)
