@@ -24,7 +24,7 @@ from typing import Any, Iterable
 import torch
 
 from specactor_engine.drafters.base import DraftRequest, Drafter, DrafterContext, register_drafter
-from specactor_engine.model.draft_vocab import GrowingVocab, SubsetHead, lowest_ids_vocab
+from specactor_engine.model.draft_vocab import GrowingVocab, SplitHead, SubsetHead, lowest_ids_vocab
 from specactor_engine.model.quantize import int8_linear, quantize_int8
 from specactor_engine.model.runner import ModelRunner, load_hf_model
 from specactor_engine.sampling import STREAM_DRAFT, STREAM_TARGET, SamplingParams, sample_tokens, warped_probs
@@ -57,6 +57,8 @@ def share_prefill(tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
 class ModelDrafter(Drafter):
     """Draft with a small LM; position-keyed noise couples its samples to the target's."""
 
+    EXTRA_ROWS = 2048  # tokens added to a growing vocabulary kept beside the compact head before it is rebuilt
+
     def __init__(self, config: Any, context: DrafterContext, model: torch.nn.Module | None = None,
                  tokenizer: Any = None) -> None:
         self.name = getattr(config, "name", None) or f"model:{getattr(config, 'model', 'draft')}"
@@ -68,7 +70,6 @@ class ModelDrafter(Drafter):
         self.quantize = getattr(config, "quantize", "none") or "none"
         self.target_vocab_size = context.target_vocab_size
         self.vocab = self._vocabulary(model, getattr(config, "draft_vocab", None), context.target_tokenizer)
-        self._head_version = -1
         self._build_runner()
         self.allocate(0, 0)
 
@@ -90,25 +91,29 @@ class ModelDrafter(Drafter):
         return self.vocab is not None and not isinstance(self.model.lm_head, SubsetHead)
 
     def _build_runner(self) -> None:
-        """The runner drafting runs on: the model itself, or its int8 copy (rebuilt after weight updates)."""
+        """The runner drafting runs on: the model itself, or its int8 copy, with the compact head built now
+        rather than in the first draft round (both rebuilt after weight updates)."""
         drafting = quantize_int8(self.model) if self.quantize == "int8" else self.model
         self.runner = ModelRunner(drafting, packed_linear=self.quantize == "none")
-        self._head_version = -1
+        self._head_version, self._base_head, self._base_rows = -1, None, 0
+        self._refresh_head()
 
     def _refresh_head(self) -> None:
-        """(Re)build the compact head over the current vocabulary when it changed."""
+        """(Re)build the compact head over the current vocabulary when it changed: the rows it had stay in the
+        base head (int8 with `quantize: int8`), tokens added since go to a small float head beside it, and the
+        base is rebuilt over everything only when those exceed EXTRA_ROWS (quantizing 32k rows takes longer
+        than a draft step; the vocabulary grows by a few tokens most rounds)."""
         if self.vocab is None or self._head_version == self.vocab.version:
             return
-        weight = self.model.lm_head.weight  # [V, d] (tied to the embedding in small models)
-        rows = weight.detach()[self.vocab.ids.to(weight.device)]
-        if self.quantize == "int8":
-            self.runner.head = int8_linear(rows)
-        else:
-            head = torch.nn.Linear(rows.shape[1], rows.shape[0], bias=False, device=rows.device, dtype=rows.dtype)
-            with torch.no_grad():
-                head.weight.copy_(rows)
-            self.runner.head = head.requires_grad_(False)
-        self._ids = self.vocab.ids.clone()
+        weight = self.model.lm_head.weight.detach()  # [V, d] (tied to the embedding in small models)
+        ids = self.vocab.ids
+        if self._base_head is None or len(ids) - self._base_rows > self.EXTRA_ROWS:
+            rows = weight[ids.to(weight.device)]
+            self._base_head = int8_linear(rows) if self.quantize == "int8" else _linear(rows)
+            self._base_rows = len(ids)
+        extra = weight[ids[self._base_rows:].to(weight.device)]  # [E, d]
+        self.runner.head = SplitHead(self._base_head, extra) if len(extra) else self._base_head
+        self._ids = ids.clone()
         self._head_version = self.vocab.version
 
     @staticmethod
@@ -267,11 +272,17 @@ class ModelDrafter(Drafter):
 
     def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         load_named_weights(self.model, weights)
-        if self.quantize != "none":  # the int8 copy is rebuilt from the new float weights
-            self._build_runner()
-        self._head_version = -1  # the compact head copies the head's rows
+        self._build_runner()  # the int8 copy and the compact head copy the float weights
         self.version = version
 
     def check_invariants(self, state: SequenceState, slots: torch.Tensor) -> None:
         kv, committed = self.runner.lengths[slots], state.lengths[slots]
         assert bool((kv <= committed - 1).all()), f"{self.name}: drafter KV {kv.tolist()} past {committed.tolist()}"
+
+
+def _linear(rows: torch.Tensor) -> torch.nn.Linear:
+    """A bias-free linear over `rows` [N, d] (a float compact head)."""
+    head = torch.nn.Linear(rows.shape[1], rows.shape[0], bias=False, device=rows.device, dtype=rows.dtype)
+    with torch.no_grad():
+        head.weight.copy_(rows)
+    return head.requires_grad_(False)

@@ -148,6 +148,19 @@ class GrowingVocab:
             self.version += 1
 
 
+class SplitHead(nn.Module):
+    """Logits [..., N + E] of a compact head: `base` over its N tokens, then E more rows (tokens added to a
+    growing vocabulary since `base` was built) as a plain float matmul."""
+
+    def __init__(self, base: nn.Module, extra: torch.Tensor) -> None:
+        super().__init__()
+        self.base = base
+        self.register_buffer("extra", extra, persistent=False)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return torch.cat([self.base(h), h.to(self.extra.dtype) @ self.extra.T], dim=-1)
+
+
 def lowest_ids_vocab(size: int, vocab_size: int, always: Sequence[int] = ()) -> torch.Tensor:
     """The `size` lowest token ids and the `always` ones (special tokens): the starting draft vocabulary
     of a model drafter that has none of its own."""

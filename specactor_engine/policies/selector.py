@@ -35,6 +35,7 @@ class FastestOfNSelector:
     explore: float = 0.5  # bonus scale (tokens)
     arms: dict[tuple[Hashable, str], _Arm] = field(default_factory=dict)
     cost: dict[str, float] = field(default_factory=dict)  # EMA seconds of drafting per row
+    warmed: set[str] = field(default_factory=set)  # methods whose first drafting call was seen (and left out)
 
     def _arm(self, request: Hashable, method: str) -> _Arm:
         return self.arms.setdefault((request, method), _Arm(self.prior_accepted))
@@ -62,7 +63,12 @@ class FastestOfNSelector:
             arm.tries += 1
 
     def observe_cost(self, method: str, seconds: float, rows: int) -> None:
-        """Drafting time of one call of `method` for `rows` rows."""
+        """Drafting time of one call of `method` for `rows` rows. The first call of each method is left out:
+        it pays one-time costs (compiling a sampling kernel for a new shape, allocating buffers), and a cost
+        it inflated would keep the method from being chosen again, so never measured again."""
+        if method not in self.warmed:
+            self.warmed.add(method)
+            return
         if rows:
             per_row = seconds / rows
             old = self.cost.get(method)

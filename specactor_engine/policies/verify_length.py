@@ -256,6 +256,7 @@ class VerifyLengthPolicy:
     by_method: dict[str, AcceptanceStats] = field(default_factory=dict)  # acceptance per draft method
     draft_s_by_method: dict[str, float] = field(default_factory=dict)  # EMA drafting seconds per position, per method
     option: int = 0  # the assignment (index into `choose`'s options) of the last choice
+    cost_warmed: set[str] = field(default_factory=set)  # methods whose first (warm-up) drafting cost was left out
     # per-method statistics follow faster than the pooled ones (the selector's 0.3): a costly method is measured
     # only in the rounds that draft with it, a few probes apart
     method_decay: float = 0.3
@@ -417,6 +418,9 @@ class VerifyLengthPolicy:
             self.observe_acceptance(verified_with, accepted, methods)
             self.draft_s_per_token += self.decay * (draft_s / k - self.draft_s_per_token)
             for method, seconds in (draft_s_by_method or {}).items():
+                if method not in self.cost_warmed:  # a method's first call pays one-time costs (compiles, buffers)
+                    self.cost_warmed.add(method)
+                    continue
                 old = self.draft_s_by_method.get(method)
                 self.draft_s_by_method[method] = seconds / k if old is None else old + self.decay * (seconds / k - old)
         # clamped: one round disturbed by a collection or a page fault must not swing the estimate

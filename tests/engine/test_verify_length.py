@@ -333,3 +333,11 @@ def test_a_losing_draft_model_is_probed_now_and_then_and_wins_back_when_its_draf
     # within 25 rounds (3 probes) it drafts every round but the policy's own plain-decoding probes
     others = sorted(set(range(25, 60)) - set(model_rounds))
     assert len(others) <= 3 and all(policy.history[r - 60] == 0 for r in others), others
+
+
+def test_a_method_s_first_drafting_cost_is_its_warm_up():
+    policy = VerifyLengthPolicy(D_FP32, AcceptanceStats(max_k=4), probe_every=0)
+    policy.observe_round(2, [2] * 4, [2] * 4, 30.0, 31.0, 4, methods=MODEL, draft_s_by_method={"model": 30.0})
+    assert policy.draft_s_by_method == {}  # compiled a kernel: left out
+    policy.observe_round(2, [2] * 4, [2] * 4, 0.2, 1.1, 4, methods=MODEL, draft_s_by_method={"model": 0.2})
+    assert policy.draft_s_by_method == {"model": pytest.approx(0.1)}
