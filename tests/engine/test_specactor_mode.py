@@ -156,3 +156,31 @@ def test_dynamic_length_with_the_draft_model_beside_model_free_methods_is_exact(
     assert result.stats.drafted_per_drafter.get("model", 0) > 0
     policy = engine.length_policy
     assert policy is not None and "model" in policy.draft_s_by_method and "model" in policy.by_method
+
+
+@pytest.mark.parametrize("per_token, combined", [(0.0, True), (0.01, False)])
+def test_under_a_dynamic_length_combination_runs_only_where_extra_rows_are_nearly_free(target, per_token, combined,
+                                                                                         monkeypatch):  # noqa: F811
+    """A verify whose cost does not grow with rows (memory-bound) drafts candidates beside the rows' drafts;
+    one whose cost grows with every token (compute-bound) does not, since doubling the rows would cost far
+    more than the candidates could win. Exact either way."""
+    from specactor_engine.proposer import Proposer
+    from tests.engine.test_dynamic_verify_length import table
+
+    calls = []
+    add_candidates = Proposer.add_candidates
+
+    def counted(self, *args, **kwargs):
+        calls.append(1)
+        return add_candidates(self, *args, **kwargs)
+
+    monkeypatch.setattr(Proposer, "add_candidates", counted)
+    params = sampling(1.0, n=2, max_new_tokens=30, ignore_eos=True)
+    reference = token_ids(run(target, ragged_requests(3), params))
+    # the target drafting for itself (always accepted, so the rounds draft), candidates from the free methods
+    drafters = [make_drafter(kind, target, torch.float64) for kind in ("self", "suffix", "ngram")]
+    engine = specactor_engine(target, drafters, cost_table=table(0.05, per_token), verify_length="dynamic",
+                              combine_below=16)
+    result = engine.generate(ragged_requests(3), params)
+    assert token_ids(result) == reference
+    assert result.stats.drafted_tokens > 0 and (len(calls) > 0) == combined, len(calls)
