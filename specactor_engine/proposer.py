@@ -97,6 +97,7 @@ class Proposer:
         self.shadow_drafters = [d for d in drafters if d.model_free]
         # methods whose drafting costs the critical path next to nothing: model-free drafters, streamed worker drafts
         self.free_methods = {d.name for d in self.shadow_drafters} | {WORKERS}
+        self.has_costly_drafter = any(not d.model_free for d in drafters)  # an in-process draft model
         self.shadow_rows = shadow_rows
         self.shadow_cursor = 0  # rows drafted only for statistics take turns by slot
         self.rejection = rejection

@@ -348,6 +348,7 @@ class VerifyLengthPolicy:
             self.probe_interval = self.probe_every if changed else min(2 * self.probe_interval, self.max_probe_every)
             self.probe_from = None
         k = self.current
+        self.option = self._best_option(rows, k, context, regime, options)[1]  # a length probe below keeps it
         target = self._probe_target(k, regime, rows)
         # a new length in force starts its own interval (its first round counts)
         self.rounds_since_probe = 1 if k != previous else 0 if target is None else self.rounds_since_probe + 1
@@ -355,7 +356,6 @@ class VerifyLengthPolicy:
         if target is not None and self.probe_every and self.rounds_since_probe >= self.probe_interval:
             self.probe_from, k, self.rounds_since_probe = k, target, 0
         self.history.append(k)
-        self.option = self._best_option(rows, k, context, regime, options)[1]
         if options is not None and len(options) > 1:
             first = [options[0]]
             k = self._probe_first_option(k, max(self._best_option(rows, j, context, regime, first)[0]
