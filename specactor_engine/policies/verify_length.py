@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import bisect
 import json
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -299,7 +300,8 @@ class VerifyLengthPolicy:
         method (None: the row drafts nothing), else every row by the pooled statistics."""
         if methods is None:
             return rows * self.stats.expected_tokens(k)
-        return sum(1.0 if m is None else self.method_stats(m).expected_tokens(k) for m in methods)
+        counts = Counter(methods)  # one estimate per method, not per row (rounds of 128 rows weigh 10 options)
+        return sum(n * (1.0 if m is None else self.method_stats(m).expected_tokens(k)) for m, n in counts.items())
 
     def drafting_seconds(self, k: int, methods: Sequence[str | None] | None = None) -> float:
         """In-line drafting seconds of k draft positions: each method in the assignment drafts its rows in one call
