@@ -107,19 +107,30 @@ class Proposer:
     # ------------------------------------------------------------------ the round's drafts
     def method_options(self, slots: torch.Tensor, caps: torch.Tensor, workers_on: bool) -> list[list[str | None]] | None:
         """Fastest-of-N's assignments of a draft method per row [R] for the verify length to weigh (None: no
-        selector): the selector's choice and, where it picked a method that drafts in line with a model,
-        the same rows with only the model-free methods (and the workers' streamed drafts, which cost the
-        critical path nothing). Rows with no room to draft (`caps` 0) get None."""
+        selector), distinct, in this order: every row on one in-process draft model (one per such drafter), the
+        selector's per-request choice, and the selector's choice among the free methods only (model-free
+        drafters, the workers' streamed drafts: they cost the critical path next to nothing). A draft model costs
+        about the same per call at 1 row as at 4 (its weights stream once per step), so the per-row accounting
+        of the selector undervalues it on a few rows: it gave trace D's rows to suffix drafts that accepted 0.5
+        tokens where the model accepted 3.4. Only the round-level cost model can tell, so it is offered the
+        whole-batch choice. The first option is the one the verify length keeps probed while another wins.
+        Rows with no room to draft (`caps` 0) get None."""
         if self.selector is None:
             return None
         keys, verify_s = self.state.seq_keys[slots].tolist(), self._row_verify_s()
         names = self._methods(workers_on)
         free = [m for m in names if m in self.free_methods]
-        assignments = [self.selector.choose(keys, verify_s, names)]
-        if free and any(m not in self.free_methods for m in assignments[0]):
+        assignments = [[d.name] * len(keys) for d in self.drafters if not d.model_free]
+        assignments.append(self.selector.choose(keys, verify_s, names))
+        if free:
             assignments.append(self.selector.choose(keys, verify_s, free))
         room = (caps > 0).tolist()
-        return [[m if open_ else None for m, open_ in zip(a, room)] for a in assignments]
+        options: list[list[str | None]] = []
+        for assignment in assignments:
+            option = [m if open_ else None for m, open_ in zip(assignment, room)]
+            if option not in options:
+                options.append(option)
+        return options
 
     def _methods(self, workers_on: bool) -> list[str]:
         """The draft methods a round may use: the in-process drafters, after the workers' drafts when they run."""

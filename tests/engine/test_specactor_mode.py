@@ -184,3 +184,31 @@ def test_under_a_dynamic_length_combination_runs_only_where_extra_rows_are_nearl
     result = engine.generate(ragged_requests(3), params)
     assert token_ids(result) == reference
     assert result.stats.drafted_tokens > 0 and (len(calls) > 0) == combined, len(calls)
+
+
+def test_the_draft_model_is_offered_for_the_whole_batch_even_where_the_selector_prefers_free_drafts(target):  # noqa: F811
+    """Per row, the selector charges a draft model its whole step for one row and prefers suffix drafts that are
+    half right (trace D: it gave the rows to them, 0.5 accepted where the model got 3.4). The verify length weighs
+    the round's cost, where the model's step is paid once for all rows, so it is offered every row on the model
+    first (the option it keeps probed), then the selector's choice and its free-only choice, without duplicates;
+    rows with no room draft nothing."""
+    from types import SimpleNamespace
+
+    from specactor_engine.policies.selector import FastestOfNSelector
+    from specactor_engine.proposer import Proposer
+    from specactor_engine.types import EngineStats
+
+    drafters = [make_drafter(kind, target, torch.float64) for kind in ("model", "suffix", "ngram")]
+    selector = FastestOfNSelector([d.name for d in drafters])
+    keys = [11, 12, 13]
+    for key in keys:  # every method tried; the model's drafts accepted 3 of 4, at a step cost 3x a row's verify
+        selector.observe([key] * 3, ["model", "suffix", "ngram"], [3, 1, 0])
+    selector.cost.update({"model": 0.3, "suffix": 0.0, "ngram": 0.0})
+    stats = EngineStats()
+    stats.verify_s, stats.row_rounds = 0.1, 1
+    state = SimpleNamespace(seq_keys=torch.tensor(keys))
+    proposer = Proposer(state, sampling(1.0), stats, drafters, None, selector, None, 0, True, 64,
+                        lambda slot: ([], 0, False))
+    assert selector.choose(keys, 0.1) == ["suffix"] * 3  # the premise
+    options = proposer.method_options(torch.arange(3), torch.tensor([4, 0, 4]), workers_on=False)
+    assert options == [["model", None, "model"], ["suffix", None, "suffix"]]
