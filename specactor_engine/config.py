@@ -94,6 +94,22 @@ class ModelDrafterConfig(_DrafterBase):
         return f"model:{Path(model).name}" if isinstance(model, str) and model else "model"
 
 
+class FeatureDrafterConfig(_DrafterBase):
+    """A feature-level drafter (EAGLE-style): one decoder layer over the target's last hidden states and the next
+    token's embedding, sharing the target's embedding and LM head. In process only (it reads the target's
+    hidden states); build one with `specactor drafter feature`."""
+
+    kind: Literal["feature"] = "feature"
+    path: str | None = Field(
+        None, min_length=1, description="Directory of a trained feature drafter (feature_drafter.safetensors); "
+        "None: an untrained one initialised from the target's last layer (tests, a first distillation).")
+    quantize: Literal["none", "int8"] = Field(
+        "none", description="'int8': draft with int8 weights (float32 targets); output stays exact.")
+    draft_vocab: int | None = Field(
+        None, ge=16, description="Draft over this many tokens (the lowest ids and the special tokens, growing with "
+        "the tokens the target commits); a trained drafter's draft_vocab.json wins. None: the full vocabulary.")
+
+
 class NgramDrafterConfig(_DrafterBase):
     """Prompt-lookup drafter: continues the longest recent n-gram match in prompt + output."""
 
@@ -124,7 +140,7 @@ class SuffixDrafterConfig(_DrafterBase):
 
 
 # New draft methods: add a config class with its own `kind` literal to this union.
-DrafterConfig = Annotated[Union[ModelDrafterConfig, NgramDrafterConfig, SuffixDrafterConfig],
+DrafterConfig = Annotated[Union[ModelDrafterConfig, FeatureDrafterConfig, NgramDrafterConfig, SuffixDrafterConfig],
                           Field(discriminator="kind")]
 
 

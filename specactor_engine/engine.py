@@ -79,6 +79,9 @@ class Engine:
         self.vocab_size = target.config.vocab_size
         # cpu_kernels: oneDNN pre-packed linears and the paged decode-attention kernel (model/runner.py)
         self.runner = ModelRunner(target, packed_linear=cpu_kernels, paged_attention=cpu_kernels)
+        for drafter in self.drafters:  # feature-level drafters read the target's hidden states (drafters/feature.py)
+            if drafter.needs_target:
+                drafter.bind_target(self.runner)
         self.eos_ids = eos_token_ids(tokenizer, target)
 
     def _check_draft_sources(self) -> None:

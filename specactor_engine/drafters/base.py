@@ -58,6 +58,12 @@ class Drafter(ABC):
     # seconds of the last `propose` spent catching up on tokens committed while other methods drafted (a
     # switching cost, kept apart from the steady drafting cost the verify length weighs)
     catch_up_s: float = 0.0
+    # drafts from the target's own hidden states: the engine calls `bind_target` with its target runner
+    needs_target: bool = False
+
+    def bind_target(self, target: Any) -> None:
+        """Attach to the engine's target runner (model/runner.py ModelRunner); only drafters that set
+        `needs_target` are bound."""
 
     def allocate(self, num_slots: int, max_len: int) -> None:
         """Size per-slot buffers for a generate call with `num_slots` rows of up to `max_len` tokens."""
@@ -87,6 +93,9 @@ class Drafter(ABC):
 
     def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         raise NotImplementedError(f"drafter {self.name!r} has no weights")
+
+    def weights_changed(self) -> None:
+        """`trainable_model()` was trained in place (a drafter sync): rebuild whatever copies its weights."""
 
     def check_invariants(self, state: SequenceState, slots: torch.Tensor) -> None:
         """Raise AssertionError if internal state disagrees with `state` (tests)."""

@@ -24,10 +24,10 @@ from typing import Any, Iterable
 import torch
 
 from specactor_engine.drafters.base import DraftRequest, Drafter, DrafterContext, register_drafter
-from specactor_engine.model.draft_vocab import GrowingVocab, SplitHead, SubsetHead, lowest_ids_vocab
-from specactor_engine.model.quantize import int8_linear, quantize_int8
+from specactor_engine.drafters.draft_head import DraftHead, growing_vocab
+from specactor_engine.model.draft_vocab import GrowingVocab, SubsetHead
+from specactor_engine.model.quantize import quantize_int8
 from specactor_engine.model.runner import ModelRunner, load_hf_model
-from specactor_engine.sampling import STREAM_DRAFT, STREAM_TARGET, SamplingParams, sample_tokens, warped_probs
 from specactor_engine.state import SequenceState
 from specactor_engine.types import DraftProposal
 from specactor_engine.model.weights import load_named_weights
@@ -57,8 +57,6 @@ def share_prefill(tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
 class ModelDrafter(Drafter):
     """Draft with a small LM; position-keyed noise couples its samples to the target's."""
 
-    EXTRA_ROWS = 2048  # tokens added to a growing vocabulary kept beside the compact head before it is rebuilt
-
     def __init__(self, config: Any, context: DrafterContext, model: torch.nn.Module | None = None,
                  tokenizer: Any = None) -> None:
         self.name = getattr(config, "name", None) or f"model:{getattr(config, 'model', 'draft')}"
@@ -80,10 +78,7 @@ class ModelDrafter(Drafter):
         bound = min(self.target_vocab_size, head.weight.shape[0])  # ids both vocabularies have
         if isinstance(head, SubsetHead):
             return GrowingVocab(head.token_ids.cpu(), bound)
-        if size is None or size >= bound:
-            return None
-        special = list(getattr(tokenizer, "all_special_ids", []) or [])
-        return GrowingVocab(lowest_ids_vocab(size, bound, special), bound)
+        return growing_vocab(size, bound, tokenizer)
 
     @property
     def grows(self) -> bool:
@@ -95,26 +90,12 @@ class ModelDrafter(Drafter):
         rather than in the first draft round (both rebuilt after weight updates)."""
         drafting = quantize_int8(self.model) if self.quantize == "int8" else self.model
         self.runner = ModelRunner(drafting, packed_linear=self.quantize == "none")
-        self._head_version, self._base_head, self._base_rows = -1, None, 0
+        self.head = DraftHead(lambda: self.model.lm_head.weight, self.vocab, self.quantize, self.target_vocab_size)
         self._refresh_head()
 
     def _refresh_head(self) -> None:
-        """(Re)build the compact head over the current vocabulary when it changed: the rows it had stay in the
-        base head (int8 with `quantize: int8`), tokens added since go to a small float head beside it, and the
-        base is rebuilt over everything only when those exceed EXTRA_ROWS (quantizing 32k rows takes longer
-        than a draft step; the vocabulary grows by a few tokens most rounds)."""
-        if self.vocab is None or self._head_version == self.vocab.version:
-            return
-        weight = self.model.lm_head.weight.detach()  # [V, d] (tied to the embedding in small models)
-        ids = self.vocab.ids
-        if self._base_head is None or len(ids) - self._base_rows > self.EXTRA_ROWS:
-            rows = weight[ids.to(weight.device)]
-            self._base_head = int8_linear(rows) if self.quantize == "int8" else _linear(rows)
-            self._base_rows = len(ids)
-        extra = weight[ids[self._base_rows:].to(weight.device)]  # [E, d]
-        self.runner.head = SplitHead(self._base_head, extra) if len(extra) else self._base_head
-        self._ids = ids.clone()
-        self._head_version = self.vocab.version
+        """The compact head over the current vocabulary, rebuilt when it grew (draft_head.py)."""
+        self.runner.head = self.head.module()
 
     @staticmethod
     def _load(config: Any, context: DrafterContext) -> tuple[torch.nn.Module, Any]:
@@ -155,35 +136,6 @@ class ModelDrafter(Drafter):
         if len(followers):
             self.runner.cache.copy_prefix(slots[leader_of[followers]], slots[followers], prompt_lengths[followers])
 
-    def _logits(self, logits: torch.Tensor) -> torch.Tensor:
-        """Match the target's vocabulary width so token ids and noise line up: [..., V_target]."""
-        width = logits.shape[-1]
-        if width > self.target_vocab_size:
-            return logits[..., : self.target_vocab_size]
-        if width < self.target_vocab_size:
-            pad = logits.new_full((*logits.shape[:-1], self.target_vocab_size - width), float("-inf"))
-            return torch.cat([logits, pad], dim=-1)
-        return logits
-
-    def _sample(self, logits: torch.Tensor, state: SequenceState, slots: torch.Tensor, out_pos: torch.Tensor,
-                request: DraftRequest) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """logits [R, V] (or [R, N] over a compact head's N tokens) at output positions out_pos [R] ->
-        (tokens [R], probs [R, V_target] or None)."""
-        stream = STREAM_TARGET if request.coupled_noise else STREAM_DRAFT
-        keys, positions = state.seq_keys[slots], out_pos[:, None]
-        if self.vocab is not None:
-            ids = self._ids
-            tokens = sample_tokens(logits[:, None], request.params, keys, positions, stream, vocab_ids=ids)[:, 0]
-            if request.coupled_noise:
-                return tokens, None
-            probs = logits.new_zeros(len(slots), self.target_vocab_size, dtype=torch.float64)
-            probs[:, ids] = warped_probs(logits, request.params)
-            return tokens, probs
-        logits = self._logits(logits)[:, None]
-        tokens = sample_tokens(logits, request.params, keys, positions, stream)[:, 0]
-        probs = None if request.coupled_noise else warped_probs(logits, request.params)[:, 0]
-        return tokens, probs
-
     def propose(self, state: SequenceState, request: DraftRequest) -> DraftProposal:
         self.catch_up_s = 0.0
         active = request.max_draft_tokens > 0
@@ -214,7 +166,7 @@ class ModelDrafter(Drafter):
         out_pos = state.output_positions(slots)
         tokens, step_probs, all_probs = [], [], []
         for step in range(k):
-            token, probs = self._sample(logits, state, slots, out_pos + step, request)
+            token, probs = self.head.sample(logits, state, slots, out_pos + step, request)
             tokens.append(token)
             all_probs.append(probs)
             if step + 1 < k:
@@ -275,14 +227,11 @@ class ModelDrafter(Drafter):
         self._build_runner()  # the int8 copy and the compact head copy the float weights
         self.version = version
 
+    def weights_changed(self) -> None:
+        if self.quantize != "none" or self.vocab is not None:  # an int8 copy or a compact head copy the weights
+            self._build_runner()
+
     def check_invariants(self, state: SequenceState, slots: torch.Tensor) -> None:
         kv, committed = self.runner.lengths[slots], state.lengths[slots]
         assert bool((kv <= committed - 1).all()), f"{self.name}: drafter KV {kv.tolist()} past {committed.tolist()}"
 
-
-def _linear(rows: torch.Tensor) -> torch.nn.Linear:
-    """A bias-free linear over `rows` [N, d] (a float compact head)."""
-    head = torch.nn.Linear(rows.shape[1], rows.shape[0], bias=False, device=rows.device, dtype=rows.dtype)
-    with torch.no_grad():
-        head.weight.copy_(rows)
-    return head.requires_grad_(False)

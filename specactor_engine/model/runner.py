@@ -110,11 +110,14 @@ class ModelRunner:
     over gathered keys and values.
     head: a module used instead of the model's lm_head (a drafter's compact head over part of the
     vocabulary, whose logits are then [..., N] for its N tokens); it may be replaced between forwards.
+    record_features: keep every position's normalised final hidden state in the cache (`KVCache.features`),
+    for a feature-level drafter (set before `allocate`; `record_features()` turns it on later).
     """
 
     def __init__(self, model: nn.Module, num_slots: int = 0, max_len: int = 0, packed_linear: bool = True,
-                 paged_attention: bool = True, head: nn.Module | None = None) -> None:
+                 paged_attention: bool = True, head: nn.Module | None = None, record_features: bool = False) -> None:
         config = model.config
+        self.recording = record_features
         self.model = model
         self.config = config
         self.device = next(model.parameters()).device
@@ -134,7 +137,13 @@ class ModelRunner:
 
     def _new_cache(self, num_slots: int, max_len: int) -> KVCache:
         return KVCache(self.config.num_hidden_layers, num_slots, max_len, self.num_kv_heads, self.head_dim,
-                       self.dtype, self.device)
+                       self.dtype, self.device, feature_dim=self.config.hidden_size if self.recording else None)
+
+    def record_features(self) -> None:
+        """From the next `allocate` on, keep every position's features (a feature-level drafter reads them)."""
+        if not self.recording:
+            self.recording = True
+            self.cache = self._new_cache(0, 0)
 
     def allocate(self, num_slots: int, max_len: int) -> None:
         """Size the KV cache for a generate call (reuses the buffers when they are big enough).
@@ -142,6 +151,8 @@ class ModelRunner:
         Sizing per call matters: 256 slots x 2k positions of a 30-layer model is ~24 GB.
         """
         cache = self.cache
+        if (cache.features is not None) != self.recording:
+            cache = self.cache = self._new_cache(0, 0)
         if cache.num_slots >= num_slots and cache.max_len >= max_len and cache.num_slots <= 2 * num_slots:
             cache.lengths.zero_()
             return
@@ -210,14 +221,19 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, slots: torch.Tensor, num_tokens: torch.Tensor | None = None,
-                logits_at: str = "all") -> torch.Tensor:
+                logits_at: str = "all", embeds: torch.Tensor | None = None,
+                return_features: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Append `input_ids` after each slot's committed length and return logits.
 
         input_ids: [R, T] (rows right-padded; pad positions write scratch KV only)
         slots: [R] cache rows; num_tokens: [R] valid tokens per row (default T)
         logits_at: "all" -> [R, T, V]; "last" -> [R, V] at each row's last valid token;
                    "none" -> empty tensor (prefill of a drafter that only needs KV)
-        The committed lengths are NOT advanced: callers commit with `commit`.
+        embeds: [R, T, d] the first layer's input instead of the token embeddings (a feature-level drafter)
+        return_features: also return the normalised final hidden states where the logits are ([R, T, d] or
+                   [R, d]): (logits, features)
+        The committed lengths are NOT advanced: callers commit with `commit`. With `record_features` every
+        position's features are written to the cache beside its keys.
         """
         R, T = input_ids.shape
         start = self.cache.lengths[slots]  # [R]
@@ -225,7 +241,7 @@ class ModelRunner:
         if int(positions.max()) >= self.cache.max_len:
             raise RuntimeError(f"KV cache overflow: position {int(positions.max())} >= {self.cache.max_len}")
         inner = self.model.model
-        h = inner.embed_tokens(input_ids.to(self.device))
+        h = inner.embed_tokens(input_ids.to(self.device)) if embeds is None else embeds.to(self.device, self.dtype)
         rope = inner.rotary_emb(h, positions.to(self.device))
         # a few new tokens per row (decode, verify): the kernel reads each slot in place; prefill: torch
         decode = self.paged_attention and T <= DECODE_KERNEL_MAX_TOKENS and kernel_available()
@@ -233,12 +249,24 @@ class ModelRunner:
         for idx, layer in enumerate(inner.layers):
             h = h + self._attention(idx, layer, layer.input_layernorm(h), slots, positions, rope, mask)
             h = h + self._mlp(idx, layer, layer.post_attention_layernorm(h))
+        if self.cache.features is not None:
+            h = inner.norm(h)  # every position's features, kept beside its keys
+            self.cache.write_features(slots, positions, h)
+            normed = True
+        else:
+            normed = False
         if logits_at == "none":
             return torch.empty(0)
         if logits_at == "last":
             last = (num_tokens if num_tokens is not None else torch.full((R,), T)) - 1
             h = h[torch.arange(R), last.to(self.device)]
-        return self._lm_head()(inner.norm(h))
+        features = h if normed else inner.norm(h)
+        logits = self._lm_head()(features)
+        return (logits, features) if return_features else logits
+
+    def features(self, slots: torch.Tensor, start: torch.Tensor, width: int) -> torch.Tensor:
+        """Recorded features of positions start[i] .. start[i] + width - 1 of slots[i]: [R, width, d]."""
+        return self.cache.read_features(slots, start, width)
 
     def _lm_head(self) -> Callable[[torch.Tensor], torch.Tensor]:
         """The model's current head (it may be swapped, e.g. for a sub-vocabulary head), packed if plain."""

@@ -177,9 +177,9 @@ def test_a_growing_vocabulary_keeps_new_tokens_beside_the_head_then_rebuilds_it(
     params = sampling(1.0, n=3, max_new_tokens=30)
     reference = token_ids(run(target, ragged_requests(6), params))
     draft = drafter(target, quantize, draft_vocab=40)
-    draft.EXTRA_ROWS = 8
-    assert draft._base_rows == len(draft.vocab)  # built with the drafter, not in its first round
+    draft.head.EXTRA_ROWS = 8
+    assert draft.head._base_rows == len(draft.vocab)  # built with the drafter, not in its first round
     engine = Engine(target, make_tokenizer(), rollout("coupled", num_draft_tokens=4, max_batch_size=16),
                     max_model_len=MAX_LEN, drafters=[draft], check_invariants=True)
     assert token_ids(engine.generate(ragged_requests(6), params)) == reference
-    assert draft._base_rows > 40 + 8  # rebuilt at least once
+    assert draft.head._base_rows > 40 + 8  # rebuilt at least once

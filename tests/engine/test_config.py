@@ -119,7 +119,7 @@ def test_parse_override() -> None:
         (["rollout.mode=fast"], "rollout.mode: must be one of 'ar', 'coupled', 'decoupled' or 'specactor' (got 'fast')"),
         (["model.dtype=int8"], "model.dtype: must be one of 'float32', 'bfloat16', 'float16' or 'float64' (got 'int8')"),
         (["rollout.acceptance=typical"], "rollout.acceptance: must be one of"),
-        (["rollout.drafters.0.kind=eagle"], "rollout.drafters.0: 'kind' must be one of 'model', 'ngram', 'suffix' (got 'eagle')"),
+        (["rollout.drafters.0.kind=eagle"], "rollout.drafters.0: 'kind' must be one of 'model', 'feature', 'ngram', 'suffix' (got 'eagle')"),
         (["rollout.drafters.1.max_n=0"], "rollout.drafters.1.max_n: must be >= 1 (got 0)"),
         (["rollout.drafters.1.min_n=3", "rollout.drafters.1.max_n=2"], "max_n must be >= min_n"),
         (["rollout.drafters.0.kind=model"], "rollout.drafters.0.model: required key is missing"),

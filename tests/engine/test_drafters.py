@@ -11,16 +11,19 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from specactor_engine.config import ModelDrafterConfig, NgramDrafterConfig, SuffixDrafterConfig
+from specactor_engine.config import FeatureDrafterConfig, ModelDrafterConfig, NgramDrafterConfig, SuffixDrafterConfig
 from specactor_engine.drafters import DRAFTER_REGISTRY, Drafter, DraftRequest, DrafterContext, build_drafter
+from specactor_engine.drafters.feature import FeatureDrafter
 from specactor_engine.drafters.model import ModelDrafter
+from specactor_engine.model.runner import ModelRunner
 from specactor_engine.drafters.ngram import NgramDrafter
 from specactor_engine.drafters.suffix import SuffixDrafter
 from specactor_engine.sampling import SamplingParams
 from specactor_engine.state import SequenceState
-from tests.fixtures.tiny_models import VOCAB_SIZE, make_tokenizer, save_tiny_model
+from tests.fixtures.tiny_models import VOCAB_SIZE, make_tiny_model, make_tokenizer, save_tiny_model
 
-BUILT = {"model": ModelDrafter, "ngram": NgramDrafter, "suffix": SuffixDrafter}
+BUILT = {"model": ModelDrafter, "feature": FeatureDrafter, "ngram": NgramDrafter, "suffix": SuffixDrafter}
+MODELS = ("model", "feature")  # kinds that draft with a model (every token they may)
 PROMPT = [1, 2, 3, 4, 1, 2, 3, 4]  # repeats, so the model-free methods find something to copy
 OUTPUT = [1, 2]  # output so far: what the suffix drafter matches
 CAPS = [0, 2, 5, 3]  # per row of a round; 0 skips the row
@@ -35,7 +38,7 @@ def context() -> DrafterContext:
 def configs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     draft_dir: Path = save_tiny_model(tmp_path_factory.mktemp("drafters") / "draft", "llama", seed=1, num_layers=1)
     return {"model": ModelDrafterConfig(model=str(draft_dir)), "ngram": NgramDrafterConfig(max_n=3),
-            "suffix": SuffixDrafterConfig(min_match=1)}
+            "suffix": SuffixDrafterConfig(min_match=1), "feature": FeatureDrafterConfig()}
 
 
 def test_every_registered_kind_is_covered_here():
@@ -48,11 +51,12 @@ def test_build_drafter_builds_each_kind_from_its_config(kind: str, configs, cont
     drafter = build_drafter(configs[kind], context)
     assert type(drafter) is BUILT[kind]
     assert drafter.name == configs[kind].name
-    assert drafter.model_free == (kind != "model")
+    assert drafter.model_free == (kind not in MODELS)
+    assert drafter.needs_target == (kind == "feature")
 
 
 def test_an_unknown_kind_is_refused_naming_the_known_ones(context):
-    with pytest.raises(ValueError, match=r"unknown drafter kind 'eagle'; known: model, ngram, suffix"):
+    with pytest.raises(ValueError, match=r"unknown drafter kind 'eagle'; known: feature, model, ngram, suffix"):
         build_drafter(SimpleNamespace(kind="eagle"), context)
 
 
@@ -69,6 +73,13 @@ def _state_with_output() -> SequenceState:
 
 def _propose(drafter: Drafter, state: SequenceState, caps: list[int], coupled_noise: bool = True):
     slots = torch.arange(len(caps))
+    if drafter.needs_target:  # a target that has run over the committed tokens (all but the newest), as the engine's
+        runner = ModelRunner(make_tiny_model("llama", seed=0), record_features=True)
+        runner.allocate(len(caps), state.tokens.shape[1])
+        counts = state.lengths[slots] - 1
+        runner.forward(state.tokens[slots, : int(counts.max())], slots, counts, logits_at="none")
+        runner.commit(slots, counts)
+        drafter.bind_target(runner)
     drafter.allocate(len(caps), state.tokens.shape[1])
     drafter.add_rows(state, slots)
     request = DraftRequest(slots, torch.tensor(caps), SamplingParams(temperature=1.0), coupled_noise=coupled_noise)
@@ -85,7 +96,7 @@ def test_propose_keeps_each_rows_cap(kind: str, configs, context):
     assert bool((proposal.num_tokens >= 0).all()) and bool((proposal.num_tokens <= caps).all())
     assert int(proposal.num_tokens[0]) == 0
     assert int(proposal.num_tokens.sum()) > 0
-    if kind == "model":
+    if kind in MODELS:
         assert torch.equal(proposal.num_tokens, caps)
     for row, count in enumerate(proposal.num_tokens.tolist()):
         drafted = proposal.token_ids[row, :count]

@@ -1,0 +1,111 @@
+"""A model drafter's output head and its sampling, over the full vocabulary or a compact one.
+
+Shared by the draft-LM drafter (model.py) and the feature-level drafter (feature.py): both end in an LM
+head, may restrict it to a draft vocabulary (a trained `draft_vocab.json`, or the N lowest ids growing
+with the tokens the target uses: model/draft_vocab.py) and may run it in int8, and both sample their
+drafts with the target's position-keyed noise (or their own, with probabilities for rejection sampling).
+A token outside the vocabulary is never drafted and the verifier emits it, so output stays exact.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from specactor_engine.drafters.base import DraftRequest
+from specactor_engine.model.draft_vocab import GrowingVocab, SplitHead, lowest_ids_vocab
+from specactor_engine.model.quantize import int8_linear
+from specactor_engine.sampling import STREAM_DRAFT, STREAM_TARGET, sample_tokens, warped_probs
+from specactor_engine.state import SequenceState
+
+
+def growing_vocab(size: int | None, bound: int, tokenizer: Any) -> GrowingVocab | None:
+    """The `size` lowest ids and the tokenizer's special tokens, growing with use (None: size None or >= bound)."""
+    if size is None or size >= bound:
+        return None
+    special = list(getattr(tokenizer, "all_special_ids", []) or [])
+    return GrowingVocab(lowest_ids_vocab(size, bound, special), bound)
+
+
+class DraftHead:
+    """The head module a drafter's runner uses and the sampling of its logits.
+
+    weight(): the full head weight [V, d] (read again on every rebuild, so weight syncs reach it);
+    vocab: the compact vocabulary (None: the full one, `full_head` used as is); quantize: "int8" builds
+    the compact head's base rows in int8. A growing vocabulary's new tokens sit in a small float head
+    beside the base one until EXTRA_ROWS of them have come, then the base is rebuilt over all (quantizing
+    32k rows takes longer than a draft step; the vocabulary grows by a few tokens most rounds).
+    """
+
+    EXTRA_ROWS = 2048
+
+    def __init__(self, weight: Callable[[], torch.Tensor], vocab: GrowingVocab | None, quantize: str,
+                 target_vocab_size: int, full_head: nn.Module | None = None) -> None:
+        self.weight = weight
+        self.vocab = vocab
+        self.quantize = quantize
+        self.target_vocab_size = target_vocab_size
+        self.full_head = full_head
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the built head (the weights changed): the next `module()` rebuilds it."""
+        self._version, self._base, self._base_rows = -1, None, 0
+        self._module: nn.Module | None = self.full_head
+        self.ids: torch.Tensor | None = None
+
+    def module(self) -> nn.Module | None:
+        """The head to run (rebuilt if the vocabulary grew); None: the model's own head over the full vocabulary."""
+        vocab = self.vocab
+        if vocab is None or self._version == vocab.version:
+            return self._module
+        weight = self.weight().detach()  # [V, d] (tied to the embedding in small models)
+        ids = vocab.ids
+        if self._base is None or len(ids) - self._base_rows > self.EXTRA_ROWS:
+            rows = weight[ids.to(weight.device)]
+            self._base = int8_linear(rows) if self.quantize == "int8" else float_linear(rows)
+            self._base_rows = len(ids)
+        extra = weight[ids[self._base_rows:].to(weight.device)]  # [E, d]
+        self._module = SplitHead(self._base, extra) if len(extra) else self._base
+        self.ids = ids.clone()
+        self._version = vocab.version
+        return self._module
+
+    def _full_width(self, logits: torch.Tensor) -> torch.Tensor:
+        """Match the target's vocabulary width so token ids and noise line up: [..., V_target]."""
+        width = logits.shape[-1]
+        if width > self.target_vocab_size:
+            return logits[..., : self.target_vocab_size]
+        if width < self.target_vocab_size:
+            pad = logits.new_full((*logits.shape[:-1], self.target_vocab_size - width), float("-inf"))
+            return torch.cat([logits, pad], dim=-1)
+        return logits
+
+    def sample(self, logits: torch.Tensor, state: SequenceState, slots: torch.Tensor, out_pos: torch.Tensor,
+               request: DraftRequest) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """logits [R, V] (or [R, N] over the compact head's N tokens) at output positions out_pos [R] ->
+        (tokens [R], probs [R, V_target] or None: with the target's noise no probabilities are needed)."""
+        stream = STREAM_TARGET if request.coupled_noise else STREAM_DRAFT
+        keys, positions = state.seq_keys[slots], out_pos[:, None]
+        if self.ids is not None:
+            ids = self.ids
+            tokens = sample_tokens(logits[:, None], request.params, keys, positions, stream, vocab_ids=ids)[:, 0]
+            if request.coupled_noise:
+                return tokens, None
+            probs = logits.new_zeros(len(slots), self.target_vocab_size, dtype=torch.float64)
+            probs[:, ids] = warped_probs(logits, request.params)
+            return tokens, probs
+        logits = self._full_width(logits)[:, None]
+        tokens = sample_tokens(logits, request.params, keys, positions, stream)[:, 0]
+        probs = None if request.coupled_noise else warped_probs(logits, request.params)[:, 0]
+        return tokens, probs
+
+
+def float_linear(rows: torch.Tensor) -> nn.Linear:
+    """A bias-free linear over `rows` [N, d] (a float compact head)."""
+    head = nn.Linear(rows.shape[1], rows.shape[0], bias=False, device=rows.device, dtype=rows.dtype)
+    with torch.no_grad():
+        head.weight.copy_(rows)
+    return head.requires_grad_(False)

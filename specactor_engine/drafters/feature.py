@@ -1,0 +1,232 @@
+"""The feature-level drafter (EAGLE-style): drafts from the target's own last hidden states.
+
+The model (model/feature_draft.py) is one decoder layer of the target's family over [the token's
+embedding; the target's feature at the position before]. The target's runner records every
+position's feature beside its keys (`ModelRunner.record_features`, switched on by `bind_target`), so
+after each verify round the features of every committed position but the newest are known.
+
+Invariant (checked by `check_invariants`): the drafter's KV covers exactly the committed positions it
+has fed with the target's features, at most the committed length. A round feeds the positions
+committed since (their features are the target's), then drafts k tokens, feeding its own predicted
+features in place of the target's; those draft positions are dropped at the end of the round (the
+target's features replace them once it has verified the tokens), so nothing needs rolling back.
+
+The draft model must be bound to the engine's target (`Engine` calls `bind_target`): it shares the
+target's embedding and LM head rows and reads its features, so it runs in process only, never in a
+drafter worker.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Iterable
+
+import torch
+
+from specactor_engine.drafters.base import DraftRequest, Drafter, DrafterContext, register_drafter
+from specactor_engine.drafters.draft_head import DraftHead, growing_vocab
+from specactor_engine.drafters.model import share_prefill
+from specactor_engine.model.draft_vocab import GrowingVocab, load_draft_vocab
+from specactor_engine.model.feature_draft import FeatureDraftModel
+from specactor_engine.model.quantize import quantize_int8
+from specactor_engine.model.runner import ModelRunner
+from specactor_engine.model.weights import load_named_weights
+from specactor_engine.state import SequenceState
+from specactor_engine.types import DraftProposal
+
+
+@register_drafter("feature")
+class FeatureDrafter(Drafter):
+    """Draft with one decoder layer over the target's features (module docstring)."""
+
+    needs_target = True
+
+    def __init__(self, config: Any, context: DrafterContext, model: FeatureDraftModel | None = None) -> None:
+        """config: `path` (a trained drafter's directory; None: a fresh, untrained one), `quantize`,
+        `draft_vocab`. The model is loaded in `bind_target`, when the target it belongs to is known."""
+        self.name = getattr(config, "name", None) or "feature"
+        self.path = getattr(config, "path", None)
+        self.quantize = getattr(config, "quantize", "none") or "none"
+        self.vocab_size_wanted = getattr(config, "draft_vocab", None)
+        self.tokenizer = context.target_tokenizer
+        self.target_vocab_size = context.target_vocab_size
+        self.model = model
+        self.target: ModelRunner | None = None
+        self.vocab: GrowingVocab | None = None
+        self.num_slots = 0
+
+    # ------------------------------------------------------------------ binding and building
+    def bind_target(self, target: ModelRunner) -> None:
+        """Attach to the engine's target runner: it records features from now on; the draft model is loaded
+        (or built fresh) for this target, and shares its embedding and head."""
+        self.target = target
+        target.record_features()
+        if self.model is None:
+            self.model = FeatureDraftModel.load(self.path, target.model) if self.path else FeatureDraftModel(target.model)
+        bound = min(self.target_vocab_size, target.model.lm_head.weight.shape[0])
+        trained = load_draft_vocab(self.path) if self.path else None
+        self.trained_vocab = trained is not None  # a trained head's vocabulary stays fixed
+        self.vocab = GrowingVocab(trained, bound) if trained is not None else \
+            growing_vocab(self.vocab_size_wanted, bound, self.tokenizer)
+        self._build_runner()
+
+    def _build_runner(self) -> None:
+        assert self.target is not None and self.model is not None, "bind_target first"
+        target_model = self.target.model
+        drafting = quantize_int8(self.model) if self.quantize == "int8" else self.model
+        self.runner = ModelRunner(drafting, packed_linear=self.quantize == "none")
+        self.embed = target_model.get_input_embeddings()
+        self.fc = drafting.fc
+        # with the full vocabulary, the target's own head module (shared, not copied)
+        self.head = DraftHead(lambda: target_model.lm_head.weight, self.vocab, self.quantize, self.target_vocab_size,
+                              full_head=target_model.lm_head)
+        self.runner.head = self.head.module()
+        if self.num_slots:
+            self.runner.allocate(self.num_slots, self.max_len)
+
+    @property
+    def grows(self) -> bool:
+        return self.vocab is not None and not self.trained_vocab
+
+    def allocate(self, num_slots: int, max_len: int) -> None:
+        self.num_slots, self.max_len = num_slots, max_len
+        self._vocab_seen = torch.zeros(num_slots, dtype=torch.long)
+        if self.target is not None:
+            self.runner.allocate(num_slots, max_len)
+
+    # ------------------------------------------------------------------ feeding committed positions
+    def _inputs(self, tokens: torch.Tensor, prev_features: torch.Tensor) -> torch.Tensor:
+        """x = fc([embed(t); f_prev]) for tokens [R, T] and features [R, T, d]: [R, T, d]."""
+        with torch.inference_mode():
+            return self.fc(torch.cat([self.embed(tokens), prev_features.to(self.embed.weight.dtype)], dim=-1))
+
+    def _feed(self, state: SequenceState, slots: torch.Tensor, upto: torch.Tensor, logits_at: str
+              ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Feed positions [drafter length, upto) of each row with the target's features f_{j-1} (zeros at
+        j = 0) and commit them; rows with nothing to feed must not be passed. Returns (logits [R, N],
+        features [R, d]) at each row's last fed position when logits_at is "last"."""
+        assert self.target is not None
+        start = self.runner.lengths[slots].clone()
+        counts = upto - start
+        width = int(counts.max())
+        tokens, _ = state.gather(slots, start, width)  # [R, W]
+        prev = self.target.features(slots, start - 1, width)  # f_{j-1}: [R, W, d] (position -1 masked below)
+        before_zero = (start[:, None] + torch.arange(width)[None, :]) == 0
+        prev = prev.masked_fill(before_zero[..., None].to(prev.device), 0.0)
+        out = self.runner.forward(tokens, slots, counts, logits_at=logits_at, embeds=self._inputs(tokens, prev),
+                                  return_features=logits_at != "none")
+        self.runner.commit(slots, counts)
+        return out if logits_at != "none" else None
+
+    def add_rows(self, state: SequenceState, slots: torch.Tensor) -> None:
+        """Feed the prompts (the target has prefilled them, so their features are known) except their last
+        token; rows with the same prompt (a GRPO group) share one feed and copy its KV."""
+        self.runner.set_lengths(slots, torch.zeros_like(slots))
+        if self.grows:
+            for slot in slots.tolist():
+                self.vocab.add(state.tokens[slot, : int(state.lengths[slot])])
+            self._vocab_seen[slots] = state.lengths[slots]
+        prompt_lengths = state.prompt_lengths[slots] - 1
+        if int(prompt_lengths.max()) <= 0:
+            return
+        tokens, _ = state.gather(slots, torch.zeros_like(slots), int(prompt_lengths.max()))
+        leader_of = share_prefill(tokens, prompt_lengths)
+        leaders = torch.unique(leader_of)
+        fed = leaders[prompt_lengths[leaders] > 0]
+        if len(fed):
+            self._feed(state, slots[fed], prompt_lengths[fed], "none")
+        followers = (leader_of != torch.arange(len(slots))).nonzero().flatten()
+        if len(followers):
+            self.runner.cache.copy_prefix(slots[leader_of[followers]], slots[followers], prompt_lengths[followers])
+
+    # ------------------------------------------------------------------ drafting
+    def propose(self, state: SequenceState, request: DraftRequest) -> DraftProposal:
+        self.catch_up_s = 0.0
+        active = request.max_draft_tokens > 0
+        slots, caps = request.slots[active], request.max_draft_tokens[active]
+        k = int(caps.max()) if len(slots) else 0
+        out = DraftProposal(token_ids=torch.zeros(len(request.slots), k, dtype=torch.long),
+                            num_tokens=torch.where(active, request.max_draft_tokens, 0))
+        if k == 0:
+            return out
+        drafts, probs = self._draft(state, slots, k, request)
+        out.token_ids[active] = drafts
+        if probs is not None:
+            out.probs = torch.zeros(len(request.slots), k, probs.shape[-1], dtype=probs.dtype)
+            out.probs[active] = probs
+        return out
+
+    def _draft(self, state: SequenceState, slots: torch.Tensor, k: int, request: DraftRequest
+               ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """k draft steps for `slots`: tokens [R, k], probs [R, k, V] or None."""
+        self.runner.head = self.head.module()
+        committed = state.lengths[slots]
+        # a row drafted again before anything was committed re-feeds its newest position (same result)
+        self.runner.set_lengths(slots, torch.minimum(self.runner.lengths[slots], committed - 1))
+        self._catch_up(state, slots, committed, k)
+        logits, features = self._feed(state, slots, committed, "last")  # at position n - 1: predicts token n
+        out_pos = state.output_positions(slots)
+        tokens, all_probs = [], []
+        for step in range(k):
+            token, probs = self.head.sample(logits, state, slots, out_pos + step, request)
+            tokens.append(token)
+            all_probs.append(probs)
+            if step + 1 < k:  # the next position's input: the draft and this position's predicted feature
+                x = self._inputs(token[:, None], features[:, None])
+                logits, features = self.runner.forward(token[:, None], slots, embeds=x, logits_at="last",
+                                                       return_features=True)
+                self.runner.commit(slots, torch.ones_like(slots))
+        self.runner.set_lengths(slots, committed)  # drop the draft positions (fed predicted features)
+        drafts = torch.stack(tokens, dim=1)
+        return drafts, (torch.stack(all_probs, dim=1) if all_probs[0] is not None else None)
+
+    def _catch_up(self, state: SequenceState, slots: torch.Tensor, committed: torch.Tensor, k: int) -> None:
+        """Rows that fell behind (rounds drafted by another method) are fed up to their last k + 1 committed
+        tokens in a forward of its own, timed as `catch_up_s` (ModelDrafter._catch_up's reasoning)."""
+        started = time.perf_counter()
+        behind = committed - self.runner.lengths[slots]
+        late = behind > k + 1
+        if bool(late.any()):
+            rows = slots[late]
+            self._feed(state, rows, committed[late] - (k + 1), "none")
+            self.catch_up_s = time.perf_counter() - started
+
+    def observe_commit(self, state: SequenceState, slots: torch.Tensor) -> None:
+        if self.grows:  # the tokens the target committed since the last round join the vocabulary
+            seen = self._vocab_seen[slots]
+            recent, counts = state.gather(slots, seen, int((state.lengths[slots] - seen).max()))
+            self.vocab.add(recent[torch.arange(recent.shape[1])[None, :] < counts[:, None]])
+            self._vocab_seen[slots] = state.lengths[slots]
+
+    # ------------------------------------------------------------------ weights
+    def trainable_model(self) -> torch.nn.Module | None:
+        """fc, the layer and the norm (the embedding and the head are the target's)."""
+        return self.model
+
+    def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        assert self.model is not None
+        load_named_weights(self.model, weights)
+        self._build_runner()
+        self.version = version
+
+    def weights_changed(self) -> None:
+        self._build_runner()  # an int8 copy, and the head rows of the (maybe updated) target
+
+    def reset_weights(self) -> None:
+        """Back to the configured drafter (the trained one in `path`, or a fresh one from the target): policy v0."""
+        assert self.target is not None, "bind_target first"
+        fresh = FeatureDraftModel.load(self.path, self.target.model) if self.path else FeatureDraftModel(self.target.model)
+        self.model.load_state_dict(fresh.state_dict())
+        self._build_runner()
+
+    def head_token_ids(self) -> torch.Tensor | None:
+        """The token ids of the drafting head (None: the full vocabulary): what its training should cover."""
+        return None if self.vocab is None else self.vocab.ids.clone()
+
+    def check_invariants(self, state: SequenceState, slots: torch.Tensor) -> None:
+        if self.target is None:
+            return
+        kv, committed = self.runner.lengths[slots], state.lengths[slots]
+        assert bool((kv <= committed).all()), f"{self.name}: drafter KV {kv.tolist()} past {committed.tolist()}"
+        target_kv = self.target.lengths[slots]
+        assert bool((target_kv >= committed - 1).all()), "the target's features lag its committed tokens"

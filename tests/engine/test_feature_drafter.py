@@ -1,0 +1,155 @@
+"""The feature-level drafter (EAGLE-style, drafters/feature.py): the target's recorded features, the drafts
+they give, and exactness against plain decoding in fp64."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from specactor_engine.drafters import DrafterContext
+from specactor_engine.drafters.feature import FeatureDrafter
+from specactor_engine.engine import Engine
+from specactor_engine.model.feature_draft import FeatureDraftModel
+from specactor_engine.model.runner import ModelRunner
+from tests.engine.test_exactness import MAX_LEN, make_drafter, ragged_requests, rollout, run, sampling, token_ids
+from tests.fixtures.tiny_models import make_tiny_model, make_tokenizer
+
+
+@pytest.fixture(scope="module")
+def target():
+    return make_tiny_model("qwen2", seed=3, num_layers=2, dtype=torch.float64)
+
+
+def feature_drafter(target, model: FeatureDraftModel | None = None, **config) -> FeatureDrafter:
+    context = DrafterContext("cpu", "float64", make_tokenizer(), target.config.vocab_size)
+    fields = {"name": "feature", "path": None, "quantize": "none", "draft_vocab": None, **config}
+    return FeatureDrafter(SimpleNamespace(**fields), context, model=model)
+
+
+def engine_with(target, drafters, mode: str = "coupled", k: int = 4, cost_table=None, **fields) -> Engine:
+    config = rollout(mode, num_draft_tokens=k, max_batch_size=16, **fields)
+    return Engine(target, make_tokenizer(), config, max_model_len=MAX_LEN, drafters=drafters, cost_table=cost_table,
+                  check_invariants=True)
+
+
+def hf_features(target, tokens: list[int]) -> torch.Tensor:
+    """The target's normalised final hidden states at every position, by Hugging Face: [T, d]."""
+    with torch.no_grad():
+        return target.model(input_ids=torch.tensor([tokens])).last_hidden_state[0]
+
+
+def test_the_runner_records_the_target_s_features_at_committed_positions(target):
+    """Prefill, then a verify block of which part is committed: every committed position's recorded feature
+    is Hugging Face's last hidden state there (the input of the LM head)."""
+    runner = ModelRunner(target, record_features=True)
+    runner.allocate(2, 32)
+    prompts = torch.tensor([[5, 6, 7, 8, 9], [10, 11, 12, 0, 0]])
+    runner.forward(prompts, torch.tensor([0, 1]), torch.tensor([5, 3]), logits_at="last")
+    runner.commit(torch.tensor([0, 1]), torch.tensor([5, 3]))
+    block = torch.tensor([[20, 21, 22], [23, 24, 25]])
+    runner.forward(block, torch.tensor([0, 1]), torch.tensor([3, 3]))
+    runner.commit(torch.tensor([0, 1]), torch.tensor([2, 3]))
+    for slot, tokens in ((0, [5, 6, 7, 8, 9, 20, 21]), (1, [10, 11, 12, 23, 24, 25])):
+        recorded = runner.features(torch.tensor([slot]), torch.tensor([0]), len(tokens))[0]
+        torch.testing.assert_close(recorded, hf_features(target, tokens))
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_feature_drafter_that_is_the_target_s_only_layer_has_every_draft_accepted(temperature):
+    """A one-layer target and a drafter whose layer and norm are the target's, with fc = [I | 0] (the token's
+    embedding alone): the drafter computes exactly the target's features, so each of its drafts is what the
+    target samples, and every one is accepted. Any slip in positions, rotary angles or KV bookkeeping would
+    show as a rejection."""
+    one_layer = make_tiny_model("llama", seed=5, num_layers=1, dtype=torch.float64)
+    model = FeatureDraftModel(one_layer)
+    d = one_layer.config.hidden_size
+    with torch.no_grad():
+        model.fc.weight.zero_()
+        model.fc.weight[:, :d] = torch.eye(d, dtype=torch.float64)
+    params = sampling(temperature, n=2, max_new_tokens=26, ignore_eos=True)
+    reference = token_ids(run(one_layer, ragged_requests(4), params))
+    result = engine_with(one_layer, [feature_drafter(one_layer, model)]).generate(ragged_requests(4), params)
+    assert token_ids(result) == reference
+    assert result.stats.drafted_tokens > 0 and result.stats.acceptance_rate == 1.0
+
+
+def test_drafts_are_the_model_s_prediction_from_the_target_s_features(target, monkeypatch):
+    """Each round's first two greedy drafts equal a teacher-forced pass of the draft model over the committed
+    tokens with Hugging Face's features one position behind (zeros at position 0), the second draft fed
+    the first one's predicted feature: the features are paired with the right tokens."""
+    drafter = feature_drafter(target)
+    checked = []
+    propose = FeatureDrafter.propose
+
+    def spying(self, state, request):
+        out = propose(self, state, request)
+        for row, slot in enumerate(request.slots.tolist()):
+            if int(out.num_tokens[row]) < 2:
+                continue
+            n = int(state.lengths[slot])
+            tokens = state.tokens[slot, :n].tolist()
+            embed = self.target.model.get_input_embeddings()
+            with torch.no_grad():
+                f = hf_features(target, tokens)
+                prev = torch.cat([torch.zeros(1, f.shape[1], dtype=f.dtype), f[:-1]])
+                g = self.model(embed(torch.tensor([tokens])), prev[None])[0]
+                first = int(target.lm_head(g[-1]).argmax())
+                prev2 = torch.cat([prev, g[-1:]])
+                g2 = self.model(embed(torch.tensor([tokens + [first]])), prev2[None])[0]
+                second = int(target.lm_head(g2[-1]).argmax())
+            checked.append((out.token_ids[row, :2].tolist(), [first, second]))
+        return out
+
+    monkeypatch.setattr(FeatureDrafter, "propose", spying)
+    engine = engine_with(target, [drafter])
+    model = drafter.model
+    assert model is not None
+    engine.generate(ragged_requests(3), sampling(0.0, max_new_tokens=12, ignore_eos=True))
+    assert len(checked) >= 6
+    assert all(got == want for got, want in checked), checked
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_feature_drafter_beside_model_free_methods_is_exact(target, temperature):
+    """Fastest-of-N over the feature drafter, suffix and n-gram with a dynamic verify length: rows switch
+    methods, so the feature drafter catches up rows it did not draft for; output equals plain decoding."""
+    from tests.engine.test_dynamic_verify_length import table
+
+    params = sampling(temperature, n=3, max_new_tokens=30)
+    reference = token_ids(run(target, ragged_requests(6), params))
+    drafters = [feature_drafter(target), make_drafter("suffix", target, torch.float64),
+                make_drafter("ngram", target, torch.float64)]
+    engine = engine_with(target, drafters, "specactor", cost_table=table(0.01, 0.0001), verify_length="dynamic")
+    result = engine.generate(ragged_requests(6), params)
+    assert token_ids(result) == reference
+    assert result.stats.drafted_per_drafter.get("feature", 0) > 0
+
+
+def test_rejection_sampling_and_a_compact_vocabulary_stay_exact(target):
+    """Classic rejection sampling needs the drafter's probabilities (over the target's vocabulary, zero outside
+    a compact one): greedy output equals plain decoding; sampled output finishes."""
+    requests = ragged_requests(5, seed=2)
+    plain = token_ids(run(target, requests, sampling(0.0)))
+    for vocab in (None, 64):
+        drafter = feature_drafter(target, draft_vocab=vocab)
+        result = engine_with(target, [drafter], acceptance="rejection").generate(requests, sampling(0.0))
+        assert token_ids(result) == plain
+        sampled = engine_with(target, [feature_drafter(target, draft_vocab=vocab)], acceptance="rejection") \
+            .generate(requests, sampling(1.0, n=2))
+        assert all(o.finish_reason in ("stop", "length") for o in sampled.outputs)
+
+
+def test_saved_drafter_loads_for_its_target_only(target, tmp_path):
+    model = FeatureDraftModel(target)
+    with torch.no_grad():
+        model.fc.weight.mul_(0.5)
+    model.save(tmp_path / "fd", extra={"note": "test"})
+    loaded = FeatureDraftModel.load(tmp_path / "fd", target)
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), loaded.state_dict().values()))
+    other = make_tiny_model("qwen2", seed=3, num_layers=2, hidden=96, dtype=torch.float64)
+    with pytest.raises(ValueError, match="built for a target"):
+        FeatureDraftModel.load(tmp_path / "fd", other)
+    with pytest.raises(FileNotFoundError, match="no feature drafter"):
+        FeatureDraftModel.load(tmp_path / "missing", target)
