@@ -37,7 +37,7 @@ export RAY_AUTH_MODE := disabled
 export MPLCONFIGDIR := $(CACHE)/matplotlib
 
 .PHONY: help venv install run rollout-demo test test-fast lock clean distclean vllm-env bench bench-quick \
-	drafter-smollm2
+	drafter-smollm2 drafter-feature
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -155,6 +155,32 @@ $(DRAFTER_SMOLLM2)/.complete: $(DRAFTER_DATA)/rollouts.jsonl | $(STAMP)
 	$(BIN)/specactor drafter distill --target smollm2-135m-instruct --init-layers 8 --freeze-layers 4 \
 		--data $(DRAFTER_DATA)/rollouts.jsonl --batch-size 8 --lr 1e-3 --constant-lr --loss coupled \
 		--steps 3000 --max-minutes 14.5 --out $(DRAFTER_SMOLLM2)
+	touch $@
+
+# The feature-level (EAGLE-style) drafter of trace A/D's target, Qwen2.5-Coder-1.5B in fp32: one decoder layer over
+# its last hidden states, trained on the target's own rollouts of 64 reasoning-gym prompts x 2 samples (seed 1000,
+# disjoint from the traces' seed 0; ~20 min on 2 cores), one pass of the target over them for its features
+# (~4 min), then training budgeted at 20 minutes with a 32k draft vocabulary (docs/architecture.md 11.7).
+DRAFTER_FEATURE := runs/drafters/qwen1.5b-feature
+DRAFTER_FEATURE_DATA := $(DRAFTER_FEATURE)-data
+drafter-feature: $(DRAFTER_FEATURE)/.complete ## train the 1.5B target's feature-level drafter (~45 min; skipped when present)
+
+$(DRAFTER_FEATURE_DATA)/rollouts.jsonl: | $(STAMP)
+	$(BIN)/specactor models pull qwen2.5-coder-1.5b-instruct --dtype float32
+	mkdir -p $(DRAFTER_FEATURE_DATA)
+	$(BIN)/specactor prompts --task chain_sum --count 32 --seed 1000 --out $(DRAFTER_FEATURE_DATA)/chain_sum.jsonl
+	$(BIN)/specactor prompts --task basic_arithmetic --count 32 --seed 1000 --out $(DRAFTER_FEATURE_DATA)/basic.jsonl
+	cat $(DRAFTER_FEATURE_DATA)/chain_sum.jsonl $(DRAFTER_FEATURE_DATA)/basic.jsonl > $(DRAFTER_FEATURE_DATA)/prompts.jsonl
+	$(BIN)/specactor rollout --prompts $(DRAFTER_FEATURE_DATA)/prompts.jsonl --out $@.partial \
+		--set model.target=qwen2.5-coder-1.5b-instruct --set model.dtype=float32 --set rollout.mode=ar \
+		--set sampling.n=2 --set sampling.max_new_tokens=256 --set sampling.temperature=1.0 \
+		--set rollout.max_batch_size=64
+	mv $@.partial $@
+
+$(DRAFTER_FEATURE)/.complete: $(DRAFTER_FEATURE_DATA)/rollouts.jsonl | $(STAMP)
+	$(BIN)/specactor drafter feature --target qwen2.5-coder-1.5b-instruct --dtype float32 \
+		--data $(DRAFTER_FEATURE_DATA)/rollouts.jsonl --batch-size 4 --lr 3e-4 --steps 2000 --max-minutes 20 \
+		--out $(DRAFTER_FEATURE)
 	touch $@
 
 bench-quick: venv ## a few-minute benchmark on SmolLM2 (trace quick, main-venv systems)

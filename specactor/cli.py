@@ -316,6 +316,50 @@ def drafter_distill(
                   + (f", loss {first:.3f} -> {last:.3f}" if first is not None else "") + ")", highlight=False)
 
 
+@drafter_app.command("feature")
+def drafter_feature(
+    target: Annotated[str, typer.Option("--target", help="Target model: a registered name or a local HF dir.")],
+    data: Annotated[Path, typer.Option("--data", help="Rollout records (prompt_token_ids + token_ids) or a prompt "
+                                       "file to roll out with the target.")],
+    out: Annotated[Path, typer.Option("--out", help="Output directory (feature_drafter.safetensors, draft_vocab.json, "
+                                      "feature_report.json); a run finding its state there resumes it.")],
+    dtype: Annotated[Dtype, typer.Option("--dtype", help="Target and drafter dtype.")] = "float32",
+    steps: Annotated[int, typer.Option("--steps", min=1, help="Optimizer steps in total (resumed runs count on).")] = 300,
+    batch_size: Annotated[int, typer.Option("--batch-size", min=1)] = 4,
+    lr: Annotated[float, typer.Option("--lr", min=0.0)] = 3e-4,
+    save_every: Annotated[int, typer.Option("--save-every", min=1, help="Save (and allow resuming) every N steps.")] = 25,
+    max_minutes: Annotated[float | None, typer.Option(
+        "--max-minutes", min=0.0, help="Stop training after this long, counted from the start (sampling and the "
+        "features' pass included).")] = None,
+    samples: Annotated[int, typer.Option("--samples", min=1, help="Samples per prompt when --data holds prompts.")] = 2,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1, help="When rolling out prompts.")] = 256,
+    seed: Annotated[int, typer.Option("--seed", min=0)] = 0,
+    draft_vocab: Annotated[int, typer.Option(
+        "--draft-vocab", min=0, help="A head over the N tokens the data use most (saved as draft_vocab.json); "
+        "0: the full vocabulary.")] = 32768,
+    feature_weight: Annotated[float, typer.Option(
+        "--feature-weight", min=0.0, help="Weight of the feature regression beside the cross-entropy.")] = 1.0,
+    noise: Annotated[float, typer.Option(
+        "--noise", min=0.0, help="Uniform noise (+-) on the input features while training.")] = 0.1,
+    cache_dir: CacheDirOption = None,
+) -> None:
+    """Train a feature-level drafter (EAGLE-style: one decoder layer over the target's last hidden states) on the
+    target's own samples; use it with `rollout.drafters: [{kind: feature, path: OUT}]`."""
+    from specactor_engine.training.feature_job import FeatureJob, run_feature_distill
+    from specactor_engine.training.samples import DistillDataError
+
+    job = FeatureJob(target=target, data=data, out=out, dtype=dtype, cache_dir=cache_dir, steps=steps,
+                     batch_size=batch_size, lr=lr, save_every=save_every, max_minutes=max_minutes, samples=samples,
+                     max_new_tokens=max_new_tokens, seed=seed, draft_vocab=draft_vocab, feature_weight=feature_weight,
+                     noise=noise)
+    with user_errors(DistillDataError, ValueError):
+        result = run_feature_distill(job, _ConsoleReporter())
+    loss = "" if result.loss_first is None else f", loss {result.loss_first:.3f} -> {result.loss_last:.3f}"
+    top1 = "" if result.held_out_top1 is None else f", held-out top-1 agreement {result.held_out_top1:.3f}"
+    console.print(f"feature drafter saved to {out} after {result.steps} steps ({result.trained_steps} now, "
+                  f"{result.seconds:.0f} s{loss}{top1})", highlight=False)
+
+
 class _ConsoleReporter:
     """A training job's notes as console lines and its phases as progress bars (with the loss)."""
 

@@ -35,13 +35,16 @@ def trainable_models(engine: Engine) -> list[tuple[str, nn.Module]]:
 
 
 def refresh_drafters(host: RunHost, records: list[dict[str, Any]], version: int) -> dict[str, float]:
-    """Drafters with weights: distil on the step's rollouts (bounded); every in-process drafter: bump its version."""
+    """Drafters with weights: distil on the step's rollouts (bounded); every in-process drafter: bump its version.
+    Feature-level drafters train against the new policy's own features (training/feature_distill.py), the
+    others on its top-k distributions (training/distill.py)."""
     from specactor_engine.training.distill import distill_on_rollouts
 
     sync = host.config.train.drafter_sync
     sequences = [(r["prompt_token_ids"], r["token_ids"]) for r in records if r["token_ids"]]
-    models = trainable_models(host.engine)
-    metrics: dict[str, float] = {}
+    metrics = _refresh_feature_drafters(host, sequences)
+    feature = {d.name for d in host.engine.drafters if d.needs_target}
+    models = [(name, model) for name, model in trainable_models(host.engine) if name not in feature]
     soft = None
     if sync.soft_top_k and sequences and models:
         from specactor_engine.training.teacher import teacher_topk
@@ -53,7 +56,28 @@ def refresh_drafters(host: RunHost, records: list[dict[str, Any]], version: int)
         result = distill_on_rollouts(model, sequences, sync.budget(), soft)
         metrics.update({f"drafter/{name}/{key}": value for key, value in result.items()})
     for drafter in host.engine.drafters:
+        if drafter.name not in feature and drafter.trainable_model() is not None:
+            drafter.weights_changed()
         drafter.version = version
+    return metrics
+
+
+def _refresh_feature_drafters(host: RunHost, sequences: list[tuple[list[int], list[int]]]) -> dict[str, float]:
+    """Each feature-level drafter: a bounded distillation against the updated policy's features on the rollouts."""
+    from specactor_engine.drafters.feature import FeatureDrafter
+    from specactor_engine.training.feature_distill import FeatureDistillBudget, distill_features
+
+    budget = host.config.train.drafter_sync.budget()
+    metrics: dict[str, float] = {}
+    for drafter in host.engine.drafters:
+        if not isinstance(drafter, FeatureDrafter) or drafter.model is None or not sequences:
+            continue
+        result = distill_features(drafter.model, host.engine.runner.model, sequences,
+                                  FeatureDistillBudget(max_steps=budget.max_steps, max_seconds=budget.max_seconds,
+                                                       batch_size=budget.batch_size, lr=budget.lr, seed=budget.seed),
+                                  vocab_ids=drafter.head_token_ids())
+        drafter.weights_changed()
+        metrics.update({f"drafter/{drafter.name}/{key}": value for key, value in result.items()})
     return metrics
 
 
@@ -100,8 +124,12 @@ def load_initial_drafters(host: RunHost) -> None:
     from specactor_engine.model.registry import resolve_model
 
     model = host.config.model
+    from specactor_engine.drafters.feature import FeatureDrafter
+
     for drafter, spec in zip(host.engine.drafters, host.config.rollout.drafters):
-        if drafter.trainable_model() is not None:
+        if isinstance(drafter, FeatureDrafter):
+            drafter.reset_weights()  # from its path, or fresh from the target
+        elif drafter.trainable_model() is not None:
             path = resolve_model(spec.model, spec.dtype or model.dtype, model.cache_dir)
             host.engine.update_weights(load_file(Path(path) / "model.safetensors").items(), 0, drafter.name)
         drafter.version = 0

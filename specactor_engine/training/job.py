@@ -102,7 +102,7 @@ def run_distill(job: DistillJob, reporter: Reporter | None = None) -> DistillRes
     """Run `job` to the end (or its time budget) and save the drafter in `job.out`."""
     reporter = reporter or LogReporter()
     job.check()
-    target, tokenizer = _load_target(job)
+    target, tokenizer = load_target(job)
     model = _load_drafter(job, target, tokenizer, reporter)
     started = time.monotonic()
     pairs = target_pairs(job.data, job.out, target, tokenizer, samples=job.samples,
@@ -148,7 +148,7 @@ def special_ids(tokenizer: Any) -> list[int]:
     return sorted(ids)
 
 
-def _load_target(job: DistillJob) -> tuple[nn.Module, Any]:
+def load_target(job: Any) -> tuple[nn.Module, Any]:
     """The target model in the training dtype, and its tokenizer (the drafter's too)."""
     from transformers import AutoTokenizer
 

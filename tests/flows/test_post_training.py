@@ -115,3 +115,30 @@ def wandb_history(wandb_dir: Path) -> list[dict]:
     files = sorted(wandb_dir.glob("wandb/offline-run-*/run-*.wandb"))
     assert files, f"no offline W&B run under {wandb_dir}"
     return read_history(files[-1])
+
+
+def test_a_feature_drafter_is_refreshed_against_each_new_policy_and_saved(tmp_path, prefect_harness, toy_reward):
+    """The feature-level drafter in the pipeline: after each policy update the drafter sync trains it against the
+    new policy's own features (a few bounded steps), and its weights are saved beside every checkpoint."""
+    from safetensors.torch import load_file
+
+    from flows.post_training import post_training
+    from tasks.run_dir import RunDir
+    from tasks.runtime import drop_host
+
+    model_dir = save_tiny_model(tmp_path / "policy", "llama", seed=0)
+    data = write_toy_dataset(tmp_path / "toy.jsonl")
+    run_dir = tmp_path / "run"
+    overrides = [o for o in flow_overrides(model_dir, data, run_dir, toy_reward) if not o.startswith("rollout.drafters")]
+    post_training(config_path=None, overrides=[*overrides, "rollout.drafters=[{kind: feature, name: feature}]"],
+                  release=False)
+    run = RunDir(run_dir)
+    try:
+        first = load_file(run.checkpoint(1) / "drafters" / "feature.safetensors")
+        second = load_file(run.checkpoint(2) / "drafters" / "feature.safetensors")
+        assert "fc.weight" in first and any(not torch.equal(first[n], second[n]) for n in first)
+        summary = wandb_history(run.wandb_dir)[-1]
+        assert summary["drafter/feature/feature_distill_steps"] == 2.0
+        assert "drafter/feature/acceptance_rate" in summary
+    finally:
+        drop_host(str(run.root))

@@ -1,0 +1,111 @@
+"""Training a feature-level drafter (training/feature_distill.py, training/feature_job.py) on a tiny target's
+own samples, and the drafter it saves drafting exactly in the engine."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from specactor_engine.drafters import DrafterContext
+from specactor_engine.drafters.feature import FeatureDrafter
+from specactor_engine.engine import Engine
+from specactor_engine.model.feature_draft import FeatureDraftModel
+from specactor_engine.model.runner import load_hf_model
+from specactor_engine.training.feature_distill import (FeatureDistillBudget, FeatureDistiller, distill_features,
+                                                       target_features)
+from specactor_engine.training.feature_job import FeatureJob, run_feature_distill
+from specactor_engine.training.samples import DistillDataError
+from tests.engine.test_exactness import MAX_LEN, ragged_requests, rollout, run, sampling, token_ids
+from tests.fixtures.tiny_models import make_tiny_model, make_tokenizer, save_tiny_model
+
+
+def target_samples(target, count: int = 8, tokens: int = 24) -> list[tuple[list[int], list[int]]]:
+    result = run(target, ragged_requests(count, seed=7), sampling(1.0, max_new_tokens=tokens, n=2, ignore_eos=True))
+    return [(o.prompt_token_ids, o.token_ids) for o in result.outputs]
+
+
+def test_features_are_the_target_s_last_hidden_states_per_sample():
+    target = make_tiny_model("qwen2", seed=2)
+    pairs = [([1, 2, 3], [4, 5]), ([6, 7], [8, 9, 10, 11])]  # unequal lengths: padded in one batch
+    features = target_features(target, pairs, batch_size=2)
+    for (prompt, output), f in zip(pairs, features):
+        with torch.no_grad():
+            want = target.model(input_ids=torch.tensor([prompt + output])).last_hidden_state[0]
+        assert f.dtype == torch.float16 and f.shape == want.shape
+        torch.testing.assert_close(f.float(), want, atol=2e-3, rtol=2e-3)
+
+
+def test_distillation_lowers_the_loss_and_raises_the_greedy_agreement():
+    """Steps on the target's own samples: on a fixed batch (no input noise), the loss falls and the drafter's
+    greedy token agrees with the target's more often than before."""
+    target = make_tiny_model("qwen2", seed=2, num_layers=2)
+    pairs = target_samples(target)
+    features = target_features(target, pairs)
+    model = FeatureDraftModel(target)
+    distiller = FeatureDistiller(model, target, lr=3e-3, seed=0)
+    probe = distiller.batch(pairs, features, len(pairs))
+    with torch.no_grad():
+        loss_before, before = distiller.loss(*probe, noise=False)
+    for _ in range(60):
+        distiller.step(pairs, features, batch_size=8)
+    distiller.finish()
+    with torch.no_grad():
+        loss_after, after = distiller.loss(*probe, noise=False)
+    assert float(loss_after) < 0.7 * float(loss_before)
+    assert after["top1"] > before["top1"] + 0.1, (before, after)
+    assert not any(p.requires_grad for p in model.parameters())
+
+
+def test_the_bounded_refresh_stops_at_its_step_budget_over_a_compact_head():
+    target = make_tiny_model("qwen2", seed=2, num_layers=2)
+    model = FeatureDraftModel(target)
+    start = {n: p.clone() for n, p in model.named_parameters()}
+    vocab = torch.arange(0, 200)
+    metrics = distill_features(model, target, target_samples(target, count=4), FeatureDistillBudget(max_steps=3),
+                               vocab_ids=vocab)
+    assert metrics["feature_distill_steps"] == 3.0
+    assert any(not torch.equal(p, start[n]) for n, p in model.named_parameters())
+    assert distill_features(model, target, [([1, 2], [])])["feature_distill_steps"] == 0.0  # nothing usable
+
+
+def _records(path: Path, pairs) -> Path:
+    path.write_text("".join(json.dumps({"prompt_token_ids": p, "token_ids": o}) + "\n" for p, o in pairs))
+    return path
+
+
+def test_a_job_trains_saves_resumes_and_its_drafter_drafts_exactly(tmp_path: Path):
+    target_dir = save_tiny_model(tmp_path / "target", "qwen2", seed=2, num_layers=2)
+    target = load_hf_model(target_dir, "float32")
+    records = _records(tmp_path / "rollouts.jsonl", target_samples(target, count=10, tokens=16))
+    out = tmp_path / "feature"
+    job = FeatureJob(target=str(target_dir), data=records, out=out, steps=4, batch_size=4, save_every=2,
+                     draft_vocab=128)
+    first = run_feature_distill(job)
+    assert (first.steps, first.trained_steps) == (4, 4) and first.held_out_top1 is not None
+    report = json.loads((out / "feature_report.json").read_text())
+    assert report["steps"] == 4 and report["draft_vocab"] <= 128
+    resumed = run_feature_distill(FeatureJob(**{**job.__dict__, "steps": 6}))
+    assert (resumed.steps, resumed.trained_steps) == (6, 2)
+    # the saved drafter, with its draft vocabulary, in the engine: output equals plain decoding
+    context = DrafterContext("cpu", "float32", make_tokenizer(), target.config.vocab_size)
+    drafter = FeatureDrafter(SimpleNamespace(name="feature", path=str(out), quantize="none", draft_vocab=None),
+                             context)
+    engine = Engine(target, make_tokenizer(), rollout("coupled", num_draft_tokens=3), max_model_len=MAX_LEN,
+                    drafters=[drafter], check_invariants=True)
+    params = sampling(1.0, n=2, max_new_tokens=20)
+    assert token_ids(engine.generate(ragged_requests(4), params)) == token_ids(run(target, ragged_requests(4), params))
+    assert drafter.vocab is not None and not drafter.grows and len(drafter.vocab) == report["draft_vocab"]
+
+
+def test_a_job_names_bad_data(tmp_path: Path):
+    target_dir = save_tiny_model(tmp_path / "target", "qwen2", seed=2, num_layers=2)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt_token_ids": [1, 2], "token_ids": [3]}\nnot json\n')
+    with pytest.raises(DistillDataError, match="bad.jsonl:2: not JSON"):
+        run_feature_distill(FeatureJob(target=str(target_dir), data=bad, out=tmp_path / "o"))
+    with pytest.raises(DistillDataError, match="no such file"):
+        run_feature_distill(FeatureJob(target=str(target_dir), data=tmp_path / "missing.jsonl", out=tmp_path / "o"))
