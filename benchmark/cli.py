@@ -76,6 +76,9 @@ def bench(
     slow_repeats: Annotated[int, typer.Option("--slow-repeats", min=1, help="Runs of each slow system.")] = 1,
     oracle_passes: Annotated[int, typer.Option(
         "--oracle-passes", min=1, help="Oracle runs; all but the last are untimed and refresh its drafts.")] = 2,
+    feature_drafter: Annotated[Path | None, typer.Option(
+        "--feature-drafter", help="A trained feature-level drafter of the target (`make drafter-feature`): "
+        "`coupled-feature` drafts with it alone, and `specactor` adds it to its methods.")] = None,
     report_only: Annotated[bool, typer.Option(
         "--report-only", help="Run nothing: rebuild results.json, results.md and the plots of --out from its runs/ "
         "(after a change to the report).")] = False,
@@ -109,7 +112,7 @@ def bench(
                      max_batch_size=trace.max_batch_size, num_draft_tokens=num_draft_tokens, threads=threads,
                      max_load=wait_load, profile=tuple(s for s in profile.split(",") if s),
                      oracle_passes=oracle_passes, slow_systems=tuple(s for s in slow_systems.split(",") if s),
-                     slow_repeats=slow_repeats)
+                     slow_repeats=slow_repeats, feature_drafter=str(feature_drafter) if feature_drafter else None)
     try:
         plan.run_order()
     except ValueError as exc:

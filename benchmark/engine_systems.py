@@ -21,6 +21,7 @@ from benchmark.interface import FinishClock, Generation, RunSpec, SequenceResult
 from specactor_engine.config import (
     DecoupledConfig,
     DrafterConfig,
+    FeatureDrafterConfig,
     ModelConfig,
     ModelDrafterConfig,
     NgramDrafterConfig,
@@ -40,9 +41,10 @@ WORKER_START_TIMEOUT_S = 600
 # Where a variant's drafts come from. "trace": the trace's draft model in process (the n-gram drafter
 # when the trace has none); "model": the trace's draft model in process as `specactor` drafts with it (int8
 # weights and a compact head where this torch build quantizes), left out when the trace has none;
+# "feature": the trained feature-level drafter given with --feature-drafter, left out when none is;
 # "suffix", "ngram": those config drafters; "oracle": the reference run's own outputs, not a config kind:
 # the oracle system hands it to the engine itself (benchmark/oracle.py).
-DraftSource = Literal["trace", "model", "suffix", "ngram", "oracle"]
+DraftSource = Literal["trace", "model", "feature", "suffix", "ngram", "oracle"]
 # "model" drafts over this many tokens (lowest ids, growing with what the target uses): 93% of reasoning-gym
 # text's Qwen tokens lie below id 32768 before any growth
 CHEAP_DRAFT_VOCAB = 32768
@@ -86,13 +88,17 @@ ENGINE_VARIANTS: tuple[EngineVariant, ...] = (
     EngineVariant("coupled-cheap", "coupled", "The trace's draft model as `specactor` drafts with it in process: "
                   "int8 weights and a compact head over 32k tokens, dynamic verify length (its single-drafter "
                   "baseline).", ("model",), "dynamic"),
+    EngineVariant("coupled-feature", "coupled", "The feature-level drafter given with --feature-drafter alone (one "
+                  "decoder layer over the target's hidden states, EAGLE-style), dynamic verify length.",
+                  ("feature",), "dynamic"),
     EngineVariant("decoupled", "decoupled", "The trace's draft model in a worker process; the verifier never waits; "
                   "dynamic verify length and dynamic decoupling.", (), "dynamic", workers=True),
     EngineVariant("specactor", "specactor", "Per request, Fastest-of-N over the suffix and n-gram drafters and, when "
                   "the trace has a draft model, that model in process (int8 weights, compact head: `coupled-cheap`'s) "
                   "and in a drafter worker streaming its drafts (dynamic decoupling pauses the worker where it cannot "
-                  "pay); the verify length and each row's method chosen together per round.",
-                  ("model", "suffix", "ngram"), "dynamic", workers=True),
+                  "pay); the verify length and each row's method chosen together per round. With --feature-drafter "
+                  "the feature-level drafter joins them.",
+                  ("model", "feature", "suffix", "ngram"), "dynamic", workers=True),
     EngineVariant("oracle", "coupled", "Coupled mode fed the target's own final outputs: the ceiling at this verify "
                   "length.", ("oracle",)),
     EngineVariant("oracle-dynamic", "coupled", "The oracle with the cost-model verify length: no drafter can beat "
@@ -110,7 +116,8 @@ def engine_config(variant: EngineVariant, spec: RunSpec) -> SpecActorConfig:
     fields: dict[str, Any] = {"decoupled": _worker_settings(variant, spec)}
     if not variant.needs_reference:
         fields["drafters"] = [_drafter_config(source, spec) for source in variant.drafters
-                              if source != "model" or spec.drafter is not None]
+                              if (source != "model" or spec.drafter is not None)
+                              and (source != "feature" or spec.feature_drafter is not None)]
     rollout = RolloutConfig(mode=variant.mode, num_draft_tokens=spec.num_draft_tokens,
                             verify_length=variant.verify_length, max_batch_size=spec.max_batch_size or ALL_AT_ONCE,
                             **fields)
@@ -127,6 +134,8 @@ def _drafter_config(source: DraftSource, spec: RunSpec) -> DrafterConfig:
         return ModelDrafterConfig(model=str(resolve_local(spec.drafter, spec.dtype)),
                                   dtype="float32" if cheap else spec.dtype, quantize="int8" if cheap else "none",
                                   draft_vocab=CHEAP_DRAFT_VOCAB)
+    if source == "feature" and spec.feature_drafter is not None:
+        return FeatureDrafterConfig(path=spec.feature_drafter)
     if source == "trace" and spec.drafter is not None:
         return ModelDrafterConfig(model=str(resolve_local(spec.drafter, spec.dtype)), dtype=spec.dtype)
     if source in ("trace", "ngram"):
@@ -163,6 +172,9 @@ class EngineSystem(System):
 
         if spec.drafter is None and (variant.mode == "decoupled" or variant.drafters == ("model",)):
             raise RuntimeError(f"{variant.name} needs a draft model (this trace has none)")
+        if spec.feature_drafter is None and variant.drafters == ("feature",):
+            raise RuntimeError(f"{variant.name} needs a trained feature drafter: --feature-drafter DIR "
+                               "(make drafter-feature)")
         self.variant = variant
         self.engine = Engine.from_config(engine_config(variant, spec), drafters=drafters)
         self._wait_for_workers()

@@ -39,6 +39,7 @@ class RunSpec:
     oracle_passes: int = 1  # >1: untimed oracle runs that replace the references with their own outputs
     profile_path: str | None = None  # write a cProfile of the timed run here
     history_path: str | None = None  # trace C: the earlier rollout's outputs, {request_id: [token_ids, ...]}
+    feature_drafter: str | None = None  # a trained feature-level drafter's directory (`make drafter-feature`)
 
     def to_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "trace": self.trace.to_dict()}

@@ -69,6 +69,7 @@ class BenchPlan:
     oracle_passes: int = 1  # see OracleSystem (benchmark/oracle.py)
     slow_systems: tuple[str, ...] = ()  # these run `slow_repeats` times instead of `repeats`
     slow_repeats: int = 1
+    feature_drafter: str | None = None  # a trained feature-level drafter's directory
 
     def repeats_of(self, system: str) -> int:
         return min(self.slow_repeats, self.repeats) if system in self.slow_systems else self.repeats
@@ -91,7 +92,7 @@ class BenchPlan:
                        max_batch_size=self.max_batch_size, num_draft_tokens=k or self.num_draft_tokens,
                        threads=self.threads, reference_path=str(reference) if reference else None,
                        oracle_passes=self.oracle_passes, profile_path=profile,
-                       history_path=str(history) if history else None)
+                       history_path=str(history) if history else None, feature_drafter=self.feature_drafter)
 
     def history_spec(self) -> RunSpec:
         """Trace C's earlier rollout: `ar` on the same prompts with the previous step's seed."""

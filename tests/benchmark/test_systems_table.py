@@ -23,6 +23,7 @@ EXPECTED = {
     "coupled-suffix": ("coupled", ["suffix"], ["suffix"], "dynamic", False, True),
     "coupled-ngram": ("coupled", ["ngram"], ["ngram"], "dynamic", False, True),
     "coupled-cheap": ("coupled", ["model"], None, "dynamic", False, True),
+    "coupled-feature": ("coupled", None, None, "dynamic", False, True),  # needs --feature-drafter (own test)
     "decoupled": ("decoupled", [], None, "dynamic", True, True),
     "specactor": ("specactor", ["model", "suffix", "ngram"], ["suffix", "ngram"], "dynamic", True, True),
     "oracle": ("coupled", ["suffix", "ngram"], ["suffix", "ngram"], "fixed", False, True),
@@ -48,7 +49,7 @@ def specs(tmp_path: Path) -> dict[bool, RunSpec]:
 
 def test_every_system_name_is_registered_in_order():
     assert list(SYSTEMS) == ["hf", "ar", "ar-torch", "coupled", "coupled-dynamic", "coupled-suffix", "coupled-ngram",
-                             "coupled-cheap", "decoupled", "specactor", "oracle", "oracle-dynamic", "vllm", "vllm-spec", "vllm-ngram"]
+                             "coupled-cheap", "coupled-feature", "decoupled", "specactor", "oracle", "oracle-dynamic", "vllm", "vllm-spec", "vllm-ngram"]
     assert [name for name, entry in SYSTEMS.items() if entry.needs_reference] == ["oracle", "oracle-dynamic"]
     assert system_unavailable("ar") is None and system_unavailable("nothing") is None
 
@@ -91,6 +92,21 @@ def test_specactor_drafts_with_the_cheap_model_and_coupled_with_the_trace_s_mode
     assert all(d.quantize == ("int8" if int8_supported() else "none") for d in cheap)
     classic = engine_config(by_name["coupled"], specs[True]).rollout.drafters[0]
     assert (classic.quantize, classic.draft_vocab, classic.dtype) == ("none", None, "float32")
+
+
+def test_a_feature_drafter_joins_specactor_and_is_coupled_feature_s_only_method(specs, tmp_path):
+    """--feature-drafter DIR: `coupled-feature` drafts with it alone and `specactor` adds it to its methods; without
+    one, `coupled-feature` refuses to start and names the option."""
+    import dataclasses
+
+    by_name = {v.name: v for v in ENGINE_VARIANTS}
+    spec = dataclasses.replace(specs[True], feature_drafter=str(tmp_path / "fd"))
+    alone = engine_config(by_name["coupled-feature"], spec).rollout.drafters
+    assert [(d.kind, d.path) for d in alone] == [("feature", str(tmp_path / "fd"))]
+    kinds = [d.kind for d in engine_config(by_name["specactor"], spec).rollout.drafters]
+    assert kinds == ["model", "feature", "suffix", "ngram"]
+    with pytest.raises(RuntimeError, match="--feature-drafter DIR"):
+        EngineSystem(by_name["coupled-feature"], specs[True])
 
 
 def test_vllm_speculation_follows_the_row(specs):
