@@ -25,6 +25,10 @@ A pure policy over statistics (no torch, no engine), so it can be unit-tested on
   the statistics of the deeper positions stay fresh) or 0 (so the calibration below knows what
   plain rounds really cost), whichever ran least recently; a probe that changes nothing doubles
   the interval (up to `max_probe_every`), since a probe round costs what a deep verify costs.
+  Besides, while a shorter length is in force, max_k runs whenever it is expected within `cheap_probe`
+  of the current rate and has not run for `cheap_probe_every` rounds: such a round costs little, and
+  only running it refreshes the deep positions (trace D: a k = 3 round at the start whose drafts were
+  unluckily short held `specactor` at k = 1 for 80 rounds, the model's deep positions never verified).
   With `probe_deep` off (the engine scores shadow drafts, shadow.py, which keep the deep
   positions' statistics fresh without verifying them) only plain rounds are probed, and only
   while speculating.
@@ -264,6 +268,8 @@ class VerifyLengthPolicy:
     rounds_off_first: int = 0  # rounds since the first assignment last ran (-1: it just ran as a probe)
     option_interval: int = 0  # rounds between probes of the first assignment (0: probe_every)
     first_score_at_probe: float = 0.0  # the first assignment's best expected rate when it was last probed
+    cheap_probe: float = 0.15  # a probe expected within this share of the current rate is cheap ...
+    cheap_probe_every: int = 8  # ... and runs this often at max_k (0: never; docstring)
 
     @property
     def max_k(self) -> int:
@@ -357,6 +363,8 @@ class VerifyLengthPolicy:
         self.probe_interval = self.probe_interval or self.probe_every
         if target is not None and self.probe_every and self.rounds_since_probe >= self.probe_interval:
             self.probe_from, k, self.rounds_since_probe = k, target, 0
+        elif self._cheap_deep_probe_due(k, score):
+            k = self.max_k
         self.history.append(k)
         if options is not None and len(options) > 1:
             first = [options[0]]
@@ -386,6 +394,16 @@ class VerifyLengthPolicy:
         self.option, self.rounds_off_first, self.first_score_at_probe = 0, -1, first_score
         self.history[-1] = self.max_k
         return self.max_k
+
+    def _cheap_deep_probe_due(self, k: int, score: Any) -> bool:
+        """A round at max_k while a shorter length is in force, when max_k is expected within `cheap_probe` of
+        its rate and has not run for `cheap_probe_every` rounds: probing it costs little, and only running it
+        refreshes the deep positions' statistics. Kept apart from the regular probes (no interval change)."""
+        if not self.probe_deep or not self.probe_every or not self.cheap_probe_every or k >= self.max_k:
+            return False
+        if self.max_k in self.history[max(len(self.history) - self.cheap_probe_every + 1, 0):]:  # ran lately
+            return False
+        return score(self.max_k) >= (1 - self.cheap_probe) * score(k)
 
     def _probe_target(self, k: int, regime: str, rows: int) -> int | None:
         """The length a due probe verifies: max_k (fresh statistics for the deep positions) or 0 (the true

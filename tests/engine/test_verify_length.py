@@ -128,7 +128,7 @@ def test_probes_max_k_while_plain_decoding_backing_off_while_nothing_changes():
 
 def test_a_probe_that_changes_the_choice_resets_the_interval():
     policy = VerifyLengthPolicy(linear_table(0.3, 0.001), AcceptanceStats(max_k=4, accept_through=[0.0] * 4),
-                                probe_every=4, hysteresis=0.0)
+                                probe_every=4, hysteresis=0.0, cheap_probe_every=0)  # the regular probes alone
     chosen = [policy.choose(1) for _ in range(12)]  # probes at rounds 4 and 12
     assert chosen[3] == 4 and chosen[11] == 4 and chosen.count(4) == 2
     policy.stats.accept_through = [0.9, 0.8, 0.7, 0.6]  # what the probe saw: drafts are good now
@@ -220,7 +220,9 @@ def test_calibration_is_kept_per_batch_bucket_so_a_one_row_warm_up_does_not_misl
         accepted = [1 if row < 32 * 0.2 and k else 0 for row in range(32)]
         policy.observe_round(k, [k] * 32, accepted, draft_s=0.0, round_s=true_cost.cost(32, k + 1), rows=32)
     assert analytic_best(true_cost, policy.stats.accept_through, 32) == 0
-    assert chosen[:1] == [4] and chosen[8:] == [0] * 32  # plain decoding within a few rounds, for good
+    # plain decoding within a few rounds; the deep positions' stale, optimistic estimates make max_k look cheap at
+    # first, so it is probed a few times (which corrects them), then no more
+    assert chosen[:1] == [4] and chosen[4:8] == [0] * 4 and chosen[8:].count(4) <= 2 and chosen[-16:] == [0] * 16
     assert policy.calibration(1, rows=32) == pytest.approx(1.0)  # learned in its own bucket
     assert policy.calibration(1, rows=1) == pytest.approx(2.0)  # the one-row bucket kept its own
 
@@ -341,3 +343,26 @@ def test_a_method_s_first_drafting_cost_is_its_warm_up():
     assert policy.draft_s_by_method == {}  # compiled a kernel: left out
     policy.observe_round(2, [2] * 4, [2] * 4, 0.2, 1.1, 4, methods=MODEL, draft_s_by_method={"model": 0.2})
     assert policy.draft_s_by_method == {"model": pytest.approx(0.1)}
+
+
+def test_a_deep_probe_expected_to_cost_little_runs_often():
+    """Trace D's start: the draft model's deep positions looked poor after one unlucky round and the policy sat at
+    k = 1, where they are never verified. While max_k is expected within `cheap_probe` of the current rate it
+    runs every `cheap_probe_every` rounds (a round at max_k, by any cause, restarts the count); the regular
+    probes keep their own schedule."""
+    table = linear_table(0.3, 0.03)  # 1 row: k = 1 at 0.36 s, k = 4 at 0.45 s
+    policy = VerifyLengthPolicy(table, AcceptanceStats(max_k=4, accept_through=[0.9, 0.1, 0.05, 0.01]),
+                                probe_every=16, cheap_probe_every=4, hysteresis=0.0)
+    chosen = []
+    for _ in range(20):
+        k = policy.choose(1)
+        chosen.append(k)
+        policy.observe_round(k, [k], [min(k, 1)], draft_s=0.0, round_s=table.cost(1, k + 1), rows=1)
+        policy.stats.accept_through = [0.9, 0.1, 0.05, 0.01]  # acceptance held fixed
+    assert policy.current == 1 and policy.throughput(1, 4) >= 0.85 * policy.throughput(1, 1)
+    assert [i + 1 for i, k in enumerate(chosen) if k == 4] == [1, 5, 9, 13, 17]  # round 1: never seen yet
+    assert chosen[15] == 0  # the regular probe at round 16 runs plain decoding, on its own schedule
+    # far from the current rate (k = 4 expected at half of k = 1's), no cheap probes
+    far = VerifyLengthPolicy(table, AcceptanceStats(max_k=4, accept_through=[0.9, 0.0, 0.0, 0.0]),
+                             probe_every=0, cheap_probe_every=4, hysteresis=0.0)
+    assert [far.choose(1) for _ in range(12)] == [1] * 12
