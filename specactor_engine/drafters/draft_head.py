@@ -19,6 +19,7 @@ from specactor_engine.model.draft_vocab import GrowingVocab, SplitHead, lowest_i
 from specactor_engine.model.quantize import int8_linear
 from specactor_engine.sampling import STREAM_DRAFT, STREAM_TARGET, sample_tokens, warped_probs
 from specactor_engine.state import SequenceState
+from specactor_engine.types import DraftProposal
 
 
 def growing_vocab(size: int | None, bound: int, tokenizer: Any) -> GrowingVocab | None:
@@ -101,6 +102,34 @@ class DraftHead:
         tokens = sample_tokens(logits, request.params, keys, positions, stream)[:, 0]
         probs = None if request.coupled_noise else warped_probs(logits, request.params)[:, 0]
         return tokens, probs
+
+
+def propose_rows(request: DraftRequest,
+                 draft: Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor | None]]) -> DraftProposal:
+    """A model drafter's proposal: the rows with a cap drafted together by `draft(slots, k)` (tokens [R', k],
+    probs [R', k, V] or None), every one of them to its cap, laid out in the request's rows [R, k]."""
+    active = request.max_draft_tokens > 0
+    slots, caps = request.slots[active], request.max_draft_tokens[active]
+    k = int(caps.max()) if len(slots) else 0
+    out = DraftProposal(token_ids=torch.zeros(len(request.slots), k, dtype=torch.long),
+                        num_tokens=torch.where(active, request.max_draft_tokens, 0))
+    if k == 0:
+        return out
+    drafts, probs = draft(slots, k)
+    out.token_ids[active] = drafts
+    if probs is not None:
+        out.probs = torch.zeros(len(request.slots), k, probs.shape[-1], dtype=probs.dtype)
+        out.probs[active] = probs
+    return out
+
+
+def grow_vocab(vocab: GrowingVocab, seen: torch.Tensor, state: SequenceState, slots: torch.Tensor) -> None:
+    """Add the tokens of `slots` that `vocab` has not seen yet (seen [num_slots]: tokens of each slot already
+    added, advanced here): the prompts when rows are admitted, what the target committed after each round."""
+    start = seen[slots]
+    recent, counts = state.gather(slots, start, int((state.lengths[slots] - start).max()))
+    vocab.add(recent[torch.arange(recent.shape[1])[None, :] < counts[:, None]])
+    seen[slots] = state.lengths[slots]
 
 
 def float_linear(rows: torch.Tensor) -> nn.Linear:

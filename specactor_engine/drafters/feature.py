@@ -24,7 +24,7 @@ from typing import Any, Iterable
 import torch
 
 from specactor_engine.drafters.base import DraftRequest, Drafter, DrafterContext, register_drafter
-from specactor_engine.drafters.draft_head import DraftHead, growing_vocab
+from specactor_engine.drafters.draft_head import DraftHead, grow_vocab, growing_vocab, propose_rows
 from specactor_engine.drafters.model import share_prefill
 from specactor_engine.model.draft_vocab import GrowingVocab, load_draft_vocab
 from specactor_engine.model.feature_draft import FeatureDraftModel
@@ -123,9 +123,8 @@ class FeatureDrafter(Drafter):
         token; rows with the same prompt (a GRPO group) share one feed and copy its KV."""
         self.runner.set_lengths(slots, torch.zeros_like(slots))
         if self.grows:
-            for slot in slots.tolist():
-                self.vocab.add(state.tokens[slot, : int(state.lengths[slot])])
-            self._vocab_seen[slots] = state.lengths[slots]
+            self._vocab_seen[slots] = 0
+            grow_vocab(self.vocab, self._vocab_seen, state, slots)
         prompt_lengths = state.prompt_lengths[slots] - 1
         if int(prompt_lengths.max()) <= 0:
             return
@@ -142,19 +141,7 @@ class FeatureDrafter(Drafter):
     # ------------------------------------------------------------------ drafting
     def propose(self, state: SequenceState, request: DraftRequest) -> DraftProposal:
         self.catch_up_s = 0.0
-        active = request.max_draft_tokens > 0
-        slots, caps = request.slots[active], request.max_draft_tokens[active]
-        k = int(caps.max()) if len(slots) else 0
-        out = DraftProposal(token_ids=torch.zeros(len(request.slots), k, dtype=torch.long),
-                            num_tokens=torch.where(active, request.max_draft_tokens, 0))
-        if k == 0:
-            return out
-        drafts, probs = self._draft(state, slots, k, request)
-        out.token_ids[active] = drafts
-        if probs is not None:
-            out.probs = torch.zeros(len(request.slots), k, probs.shape[-1], dtype=probs.dtype)
-            out.probs[active] = probs
-        return out
+        return propose_rows(request, lambda slots, k: self._draft(state, slots, k, request))
 
     def _draft(self, state: SequenceState, slots: torch.Tensor, k: int, request: DraftRequest
                ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -193,10 +180,7 @@ class FeatureDrafter(Drafter):
 
     def observe_commit(self, state: SequenceState, slots: torch.Tensor) -> None:
         if self.grows:  # the tokens the target committed since the last round join the vocabulary
-            seen = self._vocab_seen[slots]
-            recent, counts = state.gather(slots, seen, int((state.lengths[slots] - seen).max()))
-            self.vocab.add(recent[torch.arange(recent.shape[1])[None, :] < counts[:, None]])
-            self._vocab_seen[slots] = state.lengths[slots]
+            grow_vocab(self.vocab, self._vocab_seen, state, slots)
 
     # ------------------------------------------------------------------ weights
     def trainable_model(self) -> torch.nn.Module | None:

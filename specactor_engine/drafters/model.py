@@ -24,7 +24,7 @@ from typing import Any, Iterable
 import torch
 
 from specactor_engine.drafters.base import DraftRequest, Drafter, DrafterContext, register_drafter
-from specactor_engine.drafters.draft_head import DraftHead, growing_vocab
+from specactor_engine.drafters.draft_head import DraftHead, grow_vocab, growing_vocab, propose_rows
 from specactor_engine.model.draft_vocab import GrowingVocab, SubsetHead
 from specactor_engine.model.quantize import quantize_int8
 from specactor_engine.model.runner import ModelRunner, load_hf_model
@@ -120,9 +120,8 @@ class ModelDrafter(Drafter):
         self.runner.set_lengths(slots, torch.zeros_like(slots))
         self._fed_count[slots] = 0
         if self.grows:
-            for slot in slots.tolist():
-                self.vocab.add(state.tokens[slot, : int(state.lengths[slot])])
-            self._vocab_seen[slots] = state.lengths[slots]
+            self._vocab_seen[slots] = 0
+            grow_vocab(self.vocab, self._vocab_seen, state, slots)
         prompt_lengths = state.prompt_lengths[slots] - 1
         width = int(prompt_lengths.max())
         if width <= 0:
@@ -138,21 +137,7 @@ class ModelDrafter(Drafter):
 
     def propose(self, state: SequenceState, request: DraftRequest) -> DraftProposal:
         self.catch_up_s = 0.0
-        active = request.max_draft_tokens > 0
-        slots, caps = request.slots[active], request.max_draft_tokens[active]
-        k = int(caps.max()) if len(slots) else 0
-        out = DraftProposal(
-            token_ids=torch.zeros(len(request.slots), k, dtype=torch.long),
-            num_tokens=torch.where(active, request.max_draft_tokens, 0),
-        )
-        if k == 0:
-            return out
-        drafts, probs = self._draft(state, slots, k, request)
-        out.token_ids[active] = drafts
-        if probs is not None:
-            out.probs = torch.zeros(len(request.slots), k, probs.shape[-1], dtype=probs.dtype)
-            out.probs[active] = probs
-        return out
+        return propose_rows(request, lambda slots, k: self._draft(state, slots, k, request))
 
     def _draft(self, state: SequenceState, slots: torch.Tensor, k: int, request: DraftRequest
                ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -201,10 +186,7 @@ class ModelDrafter(Drafter):
     def observe_commit(self, state: SequenceState, slots: torch.Tensor) -> None:
         """Keep the fed drafts that became committed tokens; roll the rest back."""
         if self.grows:  # the tokens the target committed since the last round join the vocabulary
-            seen = self._vocab_seen[slots]
-            recent, counts = state.gather(slots, seen, int((state.lengths[slots] - seen).max()))
-            self.vocab.add(recent[torch.arange(recent.shape[1])[None, :] < counts[:, None]])
-            self._vocab_seen[slots] = state.lengths[slots]
+            grow_vocab(self.vocab, self._vocab_seen, state, slots)
         slots = slots[self._fed_count[slots] > 0]
         if len(slots) == 0:
             return
