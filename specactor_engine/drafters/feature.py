@@ -25,7 +25,7 @@ import torch
 
 from specactor_engine.drafters.base import DraftRequest, Drafter, DrafterContext, register_drafter
 from specactor_engine.drafters.draft_head import DraftHead, grow_vocab, growing_vocab, propose_rows
-from specactor_engine.drafters.model import share_prefill
+from specactor_engine.drafters.model import prefill_prompts
 from specactor_engine.model.draft_vocab import GrowingVocab, load_draft_vocab
 from specactor_engine.model.feature_draft import FeatureDraftModel
 from specactor_engine.model.quantize import quantize_int8
@@ -125,18 +125,7 @@ class FeatureDrafter(Drafter):
         if self.grows:
             self._vocab_seen[slots] = 0
             grow_vocab(self.vocab, self._vocab_seen, state, slots)
-        prompt_lengths = state.prompt_lengths[slots] - 1
-        if int(prompt_lengths.max()) <= 0:
-            return
-        tokens, _ = state.gather(slots, torch.zeros_like(slots), int(prompt_lengths.max()))
-        leader_of = share_prefill(tokens, prompt_lengths)
-        leaders = torch.unique(leader_of)
-        fed = leaders[prompt_lengths[leaders] > 0]
-        if len(fed):
-            self._feed(state, slots[fed], prompt_lengths[fed], "none")
-        followers = (leader_of != torch.arange(len(slots))).nonzero().flatten()
-        if len(followers):
-            self.runner.cache.copy_prefix(slots[leader_of[followers]], slots[followers], prompt_lengths[followers])
+        prefill_prompts(state, slots, self.runner, lambda _, rows, lengths: self._feed(state, rows, lengths, "none"))
 
     # ------------------------------------------------------------------ drafting
     def propose(self, state: SequenceState, request: DraftRequest) -> DraftProposal:

@@ -19,7 +19,7 @@ draft is only a proposal):
 from __future__ import annotations
 
 import time
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -43,6 +43,25 @@ def check_same_tokenizer(target_tokenizer: Any, draft_tokenizer: Any, draft_name
             f"({len(draft_tokenizer.get_vocab())} vs {len(target_tokenizer.get_vocab())} entries or different ids); "
             "a model drafter must share the target's vocabulary"
         )
+
+
+def prefill_prompts(state: SequenceState, slots: torch.Tensor, runner: ModelRunner,
+                    prefill: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]) -> None:
+    """A drafter's prefill of the prompts of `slots` without their last token, once per distinct prompt (a GRPO
+    group): prefill(tokens [P, W], slots [P], lengths [P]) runs the leaders, the other rows copy their KV."""
+    prompt_lengths = state.prompt_lengths[slots] - 1
+    width = int(prompt_lengths.max())
+    if width <= 0:
+        return
+    tokens, _ = state.gather(slots, torch.zeros_like(slots), width)
+    leader_of = share_prefill(tokens, prompt_lengths)  # [R] row whose prefill each row reuses
+    leaders = torch.unique(leader_of)
+    leaders = leaders[prompt_lengths[leaders] > 0]
+    if len(leaders):
+        prefill(tokens[leaders], slots[leaders], prompt_lengths[leaders])
+    followers = (leader_of != torch.arange(len(slots))).nonzero().flatten()
+    if len(followers):
+        runner.cache.copy_prefix(slots[leader_of[followers]], slots[followers], prompt_lengths[followers])
 
 
 def share_prefill(tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
@@ -122,18 +141,11 @@ class ModelDrafter(Drafter):
         if self.grows:
             self._vocab_seen[slots] = 0
             grow_vocab(self.vocab, self._vocab_seen, state, slots)
-        prompt_lengths = state.prompt_lengths[slots] - 1
-        width = int(prompt_lengths.max())
-        if width <= 0:
-            return
-        tokens, _ = state.gather(slots, torch.zeros_like(slots), width)
-        leader_of = share_prefill(tokens, prompt_lengths)  # [R] row whose prefill each row reuses
-        leaders = torch.unique(leader_of)
-        self.runner.forward(tokens[leaders], slots[leaders], prompt_lengths[leaders], logits_at="none")
-        self.runner.commit(slots[leaders], prompt_lengths[leaders])
-        followers = (leader_of != torch.arange(len(slots))).nonzero().flatten()
-        if len(followers):
-            self.runner.cache.copy_prefix(slots[leader_of[followers]], slots[followers], prompt_lengths[followers])
+        prefill_prompts(state, slots, self.runner, self._prefill)
+
+    def _prefill(self, tokens: torch.Tensor, slots: torch.Tensor, lengths: torch.Tensor) -> None:
+        self.runner.forward(tokens, slots, lengths, logits_at="none")
+        self.runner.commit(slots, lengths)
 
     def propose(self, state: SequenceState, request: DraftRequest) -> DraftProposal:
         self.catch_up_s = 0.0
