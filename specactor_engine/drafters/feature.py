@@ -62,13 +62,19 @@ class FeatureDrafter(Drafter):
         self.target = target
         target.record_features()
         if self.model is None:
-            self.model = FeatureDraftModel.load(self.path, target.model) if self.path else FeatureDraftModel(target.model)
+            self.model = self._configured_model()
         bound = min(self.target_vocab_size, target.model.lm_head.weight.shape[0])
         trained = load_draft_vocab(self.path) if self.path else None
         self.trained_vocab = trained is not None  # a trained head's vocabulary stays fixed
         self.vocab = GrowingVocab(trained, bound) if trained is not None else \
             growing_vocab(self.vocab_size_wanted, bound, self.tokenizer)
         self._build_runner()
+
+    def _configured_model(self) -> FeatureDraftModel:
+        """The trained drafter in `path`, or a fresh one from the bound target."""
+        assert self.target is not None
+        target = self.target.model
+        return FeatureDraftModel.load(self.path, target) if self.path else FeatureDraftModel(target)
 
     def _build_runner(self) -> None:
         assert self.target is not None and self.model is not None, "bind_target first"
@@ -188,7 +194,7 @@ class FeatureDrafter(Drafter):
     def reset_weights(self) -> None:
         """Back to the configured drafter (the trained one in `path`, or a fresh one from the target): policy v0."""
         assert self.target is not None, "bind_target first"
-        fresh = FeatureDraftModel.load(self.path, self.target.model) if self.path else FeatureDraftModel(self.target.model)
+        fresh = self._configured_model()
         self.model.load_state_dict(fresh.state_dict())
         self._build_runner()
 
