@@ -9,6 +9,7 @@ beside the row's own draft by the verifier).
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -113,14 +114,19 @@ class Proposer:
         about the same per call at 1 row as at 4 (its weights stream once per step), so the per-row accounting
         of the selector undervalues it on a few rows: it gave trace D's rows to suffix drafts that accepted 0.5
         tokens where the model accepted 3.4. Only the round-level cost model can tell, so it is offered the
-        whole-batch choice. The first option is the one the verify length keeps probed while another wins.
-        Rows with no room to draft (`caps` 0) get None."""
+        whole-batch choice. The first option is the one the verify length keeps probed while another wins: with
+        several draft models, the one measured cheapest per row (config order until measured), so the probes
+        cost least (trace D: probing the 0.5B model every few rounds, with the catch-up forward each probe needs,
+        cost more than it found while the feature-level drafter won). Rows with no room to draft (`caps` 0) get
+        None."""
         if self.selector is None:
             return None
         keys, verify_s = self.state.seq_keys[slots].tolist(), self._row_verify_s()
         names = self._methods(workers_on)
         free = [m for m in names if m in self.free_methods]
-        assignments = [[d.name] * len(keys) for d in self.drafters if not d.model_free]
+        cost = self.selector.cost
+        costly = sorted((d.name for d in self.drafters if not d.model_free), key=lambda m: cost.get(m, math.inf))
+        assignments = [[name] * len(keys) for name in costly]
         assignments.append(self.selector.choose(keys, verify_s, names))
         if free:
             assignments.append(self.selector.choose(keys, verify_s, free))

@@ -212,3 +212,30 @@ def test_the_draft_model_is_offered_for_the_whole_batch_even_where_the_selector_
     assert selector.choose(keys, 0.1) == ["suffix"] * 3  # the premise
     options = proposer.method_options(torch.arange(3), torch.tensor([4, 0, 4]), workers_on=False)
     assert options == [["model", None, "model"], ["suffix", None, "suffix"]]
+
+
+def test_with_two_draft_models_the_one_measured_cheaper_is_offered_first_and_kept_probed(target):  # noqa: F811
+    """The first option is the one the verify length probes while another wins; probing the costlier of two
+    draft models (each probe also pays its catch-up forward) cost trace D more than it found. Until both are
+    measured, config order stands."""
+    from types import SimpleNamespace
+
+    from specactor_engine.policies.selector import FastestOfNSelector
+    from specactor_engine.proposer import Proposer
+    from specactor_engine.types import EngineStats
+
+    drafters = [make_drafter(kind, target, torch.float64) for kind in ("model", "self", "suffix")]
+    names = [d.name for d in drafters]
+    assert [d.model_free for d in drafters] == [False, False, True]
+    selector = FastestOfNSelector(names)
+    stats = EngineStats()
+    stats.verify_s, stats.row_rounds = 0.1, 1
+    state = SimpleNamespace(seq_keys=torch.tensor([11, 12]))
+    proposer = Proposer(state, sampling(1.0), stats, drafters, None, selector, None, 0, True, 64,
+                        lambda slot: ([], 0, False))
+    caps = torch.tensor([4, 4])
+    assert proposer.method_options(torch.arange(2), caps, workers_on=False)[:2] == [[names[0]] * 2, [names[1]] * 2]
+    selector.cost.update({names[0]: 0.05})  # only the first measured: it stays first
+    assert proposer.method_options(torch.arange(2), caps, workers_on=False)[:2] == [[names[0]] * 2, [names[1]] * 2]
+    selector.cost.update({names[1]: 0.01})  # the second measured cheaper: it goes first
+    assert proposer.method_options(torch.arange(2), caps, workers_on=False)[:2] == [[names[1]] * 2, [names[0]] * 2]
