@@ -115,17 +115,17 @@ class Proposer:
         of the selector undervalues it on a few rows: it gave trace D's rows to suffix drafts that accepted 0.5
         tokens where the model accepted 3.4. Only the round-level cost model can tell, so it is offered the
         whole-batch choice. The first option is the one the verify length keeps probed while another wins: with
-        several draft models, the one measured cheapest per row (config order until measured), so the probes
-        cost least (trace D: probing the 0.5B model every few rounds, with the catch-up forward each probe needs,
-        cost more than it found while the feature-level drafter won). Rows with no room to draft (`caps` 0) get
-        None."""
+        several draft models, one not measured yet (config order), so that every model gets measured, else the
+        one measured cheapest per row, so the probes cost least (trace D: probing the 0.5B model every few
+        rounds, with the catch-up forward each probe needs, cost more than it found while the feature-level
+        drafter won). Rows with no room to draft (`caps` 0) get None."""
         if self.selector is None:
             return None
         keys, verify_s = self.state.seq_keys[slots].tolist(), self._row_verify_s()
         names = self._methods(workers_on)
         free = [m for m in names if m in self.free_methods]
         cost = self.selector.cost
-        costly = sorted((d.name for d in self.drafters if not d.model_free), key=lambda m: cost.get(m, math.inf))
+        costly = sorted((d.name for d in self.drafters if not d.model_free), key=lambda m: cost.get(m, -math.inf))
         assignments = [[name] * len(keys) for name in costly]
         assignments.append(self.selector.choose(keys, verify_s, names))
         if free:

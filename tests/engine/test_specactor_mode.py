@@ -216,8 +216,8 @@ def test_the_draft_model_is_offered_for_the_whole_batch_even_where_the_selector_
 
 def test_with_two_draft_models_the_one_measured_cheaper_is_offered_first_and_kept_probed(target):  # noqa: F811
     """The first option is the one the verify length probes while another wins; probing the costlier of two
-    draft models (each probe also pays its catch-up forward) cost trace D more than it found. Until both are
-    measured, config order stands."""
+    draft models (each probe also pays its catch-up forward) cost trace D more than it found. A model not
+    measured yet goes first (config order among those), so that each gets measured at least once."""
     from types import SimpleNamespace
 
     from specactor_engine.policies.selector import FastestOfNSelector
@@ -235,7 +235,9 @@ def test_with_two_draft_models_the_one_measured_cheaper_is_offered_first_and_kep
                         lambda slot: ([], 0, False))
     caps = torch.tensor([4, 4])
     assert proposer.method_options(torch.arange(2), caps, workers_on=False)[:2] == [[names[0]] * 2, [names[1]] * 2]
-    selector.cost.update({names[0]: 0.05})  # only the first measured: it stays first
+    selector.cost.update({names[0]: 0.05})  # only the first measured: the second goes first, to be measured
+    assert proposer.method_options(torch.arange(2), caps, workers_on=False)[:2] == [[names[1]] * 2, [names[0]] * 2]
+    selector.cost.update({names[1]: 0.08})  # both measured, the first cheaper: it goes first
     assert proposer.method_options(torch.arange(2), caps, workers_on=False)[:2] == [[names[0]] * 2, [names[1]] * 2]
     selector.cost.update({names[1]: 0.01})  # the second measured cheaper: it goes first
     assert proposer.method_options(torch.arange(2), caps, workers_on=False)[:2] == [[names[1]] * 2, [names[0]] * 2]
