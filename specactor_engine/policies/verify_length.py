@@ -261,6 +261,7 @@ class VerifyLengthPolicy:
     by_method: dict[str, AcceptanceStats] = field(default_factory=dict)  # acceptance per draft method
     draft_s_by_method: dict[str, float] = field(default_factory=dict)  # EMA drafting seconds per position, per method
     option: int = 0  # the assignment (index into `choose`'s options) of the last choice
+    models_in_use: frozenset[str] = field(default_factory=frozenset)  # the methods of the last choice on its merits
     cost_warmed: set[str] = field(default_factory=set)  # methods whose first (warm-up) drafting cost was left out
     # per-method statistics follow faster than the pooled ones (the selector's 0.3): a costly method is measured
     # only in the rounds that draft with it, a few probes apart
@@ -331,6 +332,14 @@ class VerifyLengthPolicy:
             return self.throughput(rows, k, context, regime), 0
         scores = [self.throughput(rows, k, context, regime, methods=o) for o in options]
         best = max(range(len(options)), key=lambda i: (scores[i], -i))
+        # hysteresis on the methods in use, as on k: switching to another draft model pays a catch-up forward
+        # over what it has not seen, which the per-round estimates leave out (trace D: near ties between the 0.5B
+        # and the feature drafter flipped into long stretches on the slower one)
+        held = [i for i, o in enumerate(options) if _models_of(o) == self.models_in_use]
+        if self.models_in_use and held and best not in held:
+            kept = max(held, key=lambda i: (scores[i], -i))
+            if scores[best] <= (1 + self.hysteresis) * scores[kept]:
+                best = kept
         return scores[best], best
 
     def best(self, rows: int, context: int | None = None, regime: str = "",
@@ -357,6 +366,8 @@ class VerifyLengthPolicy:
             self.probe_from = None
         k = self.current
         self.option = self._best_option(rows, k, context, regime, options)[1]  # a length probe below keeps it
+        if options is not None:
+            self.models_in_use = _models_of(options[self.option])
         target = self._probe_target(k, regime, rows)
         # a new length in force starts its own interval (its first round counts)
         self.rounds_since_probe = 1 if k != previous else 0 if target is None else self.rounds_since_probe + 1
@@ -449,3 +460,8 @@ class VerifyLengthPolicy:
         self.seen_at[key] = len(self.history)
         previous = self.scale.get(key)
         self.scale[key] = ratio if previous is None else previous + self.decay * (ratio - previous)
+
+
+def _models_of(option: Sequence[str | None]) -> frozenset[str]:
+    """The draft methods an assignment uses (rows that draft nothing left out)."""
+    return frozenset(m for m in option if m is not None)

@@ -366,3 +366,33 @@ def test_a_deep_probe_expected_to_cost_little_runs_often():
     far = VerifyLengthPolicy(table, AcceptanceStats(max_k=4, accept_through=[0.9, 0.0, 0.0, 0.0]),
                              probe_every=0, cheap_probe_every=4, hysteresis=0.0)
     assert [far.choose(1) for _ in range(12)] == [1] * 12
+
+
+def test_the_methods_in_use_are_kept_until_another_assignment_is_better_by_the_hysteresis():
+    """Switching draft models pays a catch-up forward the per-round estimates leave out, and near ties flipped
+    trace D's `specactor` into long stretches on the slower model (session 17). Like k, the assignment in use is
+    kept unless another is expected faster by more than the hysteresis."""
+    A, B = ["a"] * 4, ["b"] * 4
+    policy = VerifyLengthPolicy(D_FP32, AcceptanceStats(max_k=4), probe_every=0, cheap_probe_every=0)
+    for _ in range(40):
+        policy.observe_acceptance([4] * 4, [2, 2, 2, 2], A)
+        policy.observe_acceptance([4] * 4, [0, 0, 0, 0], B)
+    k = policy.choose(4, options=[A, B])
+    assert k > 0 and policy.option == 0 and policy.models_in_use == {"a"}
+
+    def ratio() -> float:
+        return max(policy.throughput(4, j, methods=B) for j in range(1, 5)) / \
+            max(policy.throughput(4, j, methods=A) for j in range(1, 5))
+
+    for _ in range(40):  # b becomes a little better than a
+        policy.observe_acceptance([4] * 4, [2, 2, 3, 3], B)
+    assert 1.0 < ratio() < 1 + policy.hysteresis  # the premise: a near tie in b's favour
+    policy.choose(4, options=[A, B])
+    assert policy.option == 0 and policy.models_in_use == {"a"}
+    policy.choose(4, options=[B, A])  # whatever the order of the options
+    assert policy.option == 1 and policy.models_in_use == {"a"}
+    for _ in range(40):  # b clearly better
+        policy.observe_acceptance([4] * 4, [4, 4, 4, 4], B)
+    assert ratio() > 1 + policy.hysteresis
+    policy.choose(4, options=[A, B])
+    assert policy.option == 1 and policy.models_in_use == {"b"}
