@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -170,10 +171,28 @@ def _generate(cfg: SpecActorConfig, requests: list[Request]) -> RolloutResult:
 
     with user_errors(UnknownModelError, ModelNotPulledError, ValueError):
         engine = Engine.from_config(cfg)
+    err = Console(stderr=True)
+    if not err.is_terminal:  # a log file or a pipe (make, CI): a line at every tenth of the sequences
+        return engine.generate(requests, cfg.sampling, progress=_LineProgress(err))
     columns = (TextColumn("rollout"), BarColumn(), MofNCompleteColumn(), TextColumn("sequences"), TimeElapsedColumn())
-    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+    with Progress(*columns, console=err, transient=True) as bar:
         task = bar.add_task("rollout", total=len(requests) * cfg.sampling.n)
         return engine.generate(requests, cfg.sampling, progress=lambda done, total: bar.update(task, completed=done))
+
+
+class _LineProgress:
+    """A rollout's progress as plain lines, where a progress bar would print nothing until the end."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.started = time.perf_counter()
+        self.shown = 0  # sequences finished at the last line
+
+    def __call__(self, done: int, total: int) -> None:
+        if done > self.shown and (done == total or done - self.shown >= max(1, total // 10)):
+            self.shown = done
+            self.console.print(f"rollout: {done}/{total} sequences finished, {time.perf_counter() - self.started:.0f} s",
+                               highlight=False)
 
 
 def _print_summary(result: RolloutResult, out: Path) -> None:

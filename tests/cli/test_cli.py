@@ -119,6 +119,22 @@ def test_rollout_writes_outputs_and_stats(fake_engine: type[FakeEngine], prompts
     assert figures["acceptance_rate"] == 0.75 and figures["tokens_per_s"] == 24.0
     for text in ("sequences", "tokens/s", "mean acceptance length", "2.50", "75.0%", "length: 2, stop: 2"):
         assert text in result.output
+    assert "rollout: 4/4 sequences finished" in result.output  # not a terminal: progress as lines, not a bar
+
+
+def test_rollout_progress_in_a_log_is_a_line_at_every_tenth() -> None:
+    from io import StringIO
+
+    from rich.console import Console
+
+    from specactor.cli import _LineProgress
+
+    buffer = StringIO()
+    progress = _LineProgress(Console(file=buffer, width=200))
+    for done in range(0, 31):
+        progress(done, 30)
+    lines = buffer.getvalue().splitlines()
+    assert [line.split(" sequences")[0] for line in lines] == [f"rollout: {n}/30" for n in range(3, 31, 3)]
 
 
 def test_rollout_with_a_config_file(fake_engine: type[FakeEngine], prompts_file: Path, tmp_path: Path) -> None:
