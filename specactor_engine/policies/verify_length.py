@@ -335,9 +335,9 @@ class VerifyLengthPolicy:
         # hysteresis on the methods in use, as on k: switching to another draft model pays a catch-up forward
         # over what it has not seen, which the per-round estimates leave out (trace D: near ties between the 0.5B
         # and the feature drafter flipped into long stretches on the slower one)
-        held = [i for i, o in enumerate(options) if _models_of(o) == self.models_in_use]
-        if self.models_in_use and held and best not in held:
-            kept = max(held, key=lambda i: (scores[i], -i))
+        if self.models_in_use and _models_of(options[best]) != self.models_in_use:
+            held = [i for i, o in enumerate(options) if _models_of(o) == self.models_in_use]
+            kept = max(held, key=lambda i: (scores[i], -i)) if held else best
             if scores[best] <= (1 + self.hysteresis) * scores[kept]:
                 best = kept
         return scores[best], best
