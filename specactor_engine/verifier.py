@@ -57,17 +57,27 @@ class Verifier:
     def accept(self, slots: torch.Tensor, logits: torch.Tensor, drafts: torch.Tensor, num_drafts: torch.Tensor,
                draft_probs: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """The acceptance rule over logits [R, k+1, V] and drafts [R, k]: (num_accepted [R], output tokens
-        [R, k+1]: the accepted drafts, then the recovered or bonus token)."""
+        [R, k+1]: the accepted drafts, then the recovered or bonus token).
+
+        The rule runs where the logits are (a GPU's: the drafts go there, not [R, k+1, V] floats to the
+        host); its two small results come back to the host, where the engine keeps its state."""
+        device = logits.device
         positions = self.state.output_positions(slots)[:, None] + torch.arange(logits.shape[1])[None, :]
         keys = self.state.seq_keys[slots]
+        drafts, num_drafts = drafts.to(device), num_drafts.to(device)
         if not self.rejection:
             targets = sample_tokens(logits, self.params, keys, positions)
-            return acceptance.accept_position_keyed(drafts, num_drafts, targets)
+            num_accepted, output = acceptance.accept_position_keyed(drafts, num_drafts, targets)
+            return num_accepted.cpu(), output.cpu()
         k = drafts.shape[1]
         target_probs = warped_probs(logits, self.params)
+        keys, positions = keys.to(device), positions.to(device)  # the noise is the same bits on every device
         uniforms = uniform_noise(keys, positions[:, :k], 1, STREAM_ACCEPT)[..., 0]
         recovery = gumbel_noise(keys, positions, self.vocab_size, STREAM_RECOVER)
-        return acceptance.accept_rejection(drafts, num_drafts, draft_probs, target_probs, uniforms, recovery)
+        draft_probs = draft_probs.to(device) if draft_probs is not None else None
+        num_accepted, output = acceptance.accept_rejection(drafts, num_drafts, draft_probs, target_probs, uniforms,
+                                                           recovery)
+        return num_accepted.cpu(), output.cpu()
 
     def _verify_candidates(self, slots: torch.Tensor, drafts: RoundDrafts) -> Verified:
         """One target forward over the rows' own drafts and the candidates; each row keeps the longer

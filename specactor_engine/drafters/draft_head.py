@@ -87,7 +87,13 @@ class DraftHead:
     def sample(self, logits: torch.Tensor, state: SequenceState, slots: torch.Tensor, out_pos: torch.Tensor,
                request: DraftRequest) -> tuple[torch.Tensor, torch.Tensor | None]:
         """logits [R, V] (or [R, N] over the compact head's N tokens) at output positions out_pos [R] ->
-        (tokens [R], probs [R, V_target] or None: with the target's noise no probabilities are needed)."""
+        (tokens [R], probs [R, V_target] or None: with the target's noise no probabilities are needed), on
+        the host whatever the logits' device (drafts join the engine's host-side state)."""
+        tokens, probs = self._sample(logits, state, slots, out_pos, request)
+        return tokens.cpu(), (probs.cpu() if probs is not None else None)
+
+    def _sample(self, logits: torch.Tensor, state: SequenceState, slots: torch.Tensor, out_pos: torch.Tensor,
+                request: DraftRequest) -> tuple[torch.Tensor, torch.Tensor | None]:
         stream = STREAM_TARGET if request.coupled_noise else STREAM_DRAFT
         keys, positions = state.seq_keys[slots], out_pos[:, None]
         if self.ids is not None:

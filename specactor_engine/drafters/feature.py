@@ -104,7 +104,8 @@ class FeatureDrafter(Drafter):
     def _inputs(self, tokens: torch.Tensor, prev_features: torch.Tensor) -> torch.Tensor:
         """x = fc([embed(t); f_prev]) for tokens [R, T] and features [R, T, d]: [R, T, d]."""
         with torch.inference_mode():
-            return self.fc(torch.cat([self.embed(tokens), prev_features.to(self.embed.weight.dtype)], dim=-1))
+            weight = self.embed.weight
+            return self.fc(torch.cat([self.embed(tokens.to(weight.device)), prev_features.to(weight.dtype)], dim=-1))
 
     def _feed(self, state: SequenceState, slots: torch.Tensor, upto: torch.Tensor, logits_at: str
               ) -> tuple[torch.Tensor, torch.Tensor] | None:

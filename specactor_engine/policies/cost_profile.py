@@ -70,6 +70,12 @@ def profile_key(runner: ModelRunner, batches: tuple[int, ...], widths: tuple[int
     return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work (a no-op on the CPU, whose ops finish before they return)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def measure_verify_costs(runner: ModelRunner, batches: tuple[int, ...], widths: tuple[int, ...],
                          context: int = PROFILE_CONTEXT) -> CostTable:
     """Time forward + sampling for every (batch, width); leaves the runner's cache to be re-allocated."""
@@ -87,9 +93,11 @@ def measure_verify_costs(runner: ModelRunner, batches: tuple[int, ...], widths: 
             timings = []
             for _ in range(REPEATS + 1):  # the first is a warm-up
                 runner.set_lengths(slots, torch.full((rows,), context))
+                synchronize(runner.device)
                 started = time.perf_counter()
                 logits = runner.forward(tokens, slots, torch.full((rows,), width))
                 sample_tokens(logits, params, keys, positions)
+                synchronize(runner.device)  # a GPU's kernels run asynchronously: wait for them before timing
                 timings.append(time.perf_counter() - started)
             row_costs.append(min(timings[1:]))
         seconds.append(tuple(row_costs))
