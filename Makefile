@@ -36,7 +36,7 @@ export RAY_USAGE_STATS_ENABLED := 0
 export RAY_AUTH_MODE := disabled
 export MPLCONFIGDIR := $(CACHE)/matplotlib
 
-.PHONY: help venv install run rollout-demo test test-fast lock clean distclean vllm-env bench bench-quick \
+.PHONY: help venv install run rollout-demo test test-fast lock clean distclean vllm-env bench bench-quick gpu-wheels gpu-check \
 	drafter-smollm2 drafter-feature
 
 help: ## list the targets
@@ -188,6 +188,22 @@ $(DRAFTER_FEATURE)/.complete: $(DRAFTER_FEATURE_DATA)/rollouts.jsonl | $(STAMP)
 bench-quick: venv ## a few-minute benchmark on SmolLM2 (trace quick, main-venv systems)
 	$(BIN)/specactor models pull smollm2-135m-instruct --dtype float32
 	$(BIN)/specactor bench --trace quick --systems hf,ar,coupled,oracle --repeats 1 --out $(BENCH_DIR)/quick
+
+GPU_WHEELS := .gpu-wheels
+GPU_OUT ?= bench/gpu/latest
+# The GPU machine has its own python3 (3.12, CUDA torch, transformers, pytest) and no network: the few
+# packages the engine needs beyond its image travel as wheels (pure Python except pydantic-core).
+GPU_WHEEL_PINS := pydantic==2.14.3 pydantic-core==2.50.4 annotated-types==0.8.0 typing-inspection==0.4.5 \
+	typing-extensions==4.16.0
+
+gpu-wheels: ## download the wheels `make gpu-check` needs on the GPU machine (Python 3.12) into .gpu-wheels
+	mkdir -p $(GPU_WHEELS)
+	python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		--platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 \
+		--platform any -d $(GPU_WHEELS) $(GPU_WHEEL_PINS)
+
+gpu-check: ## on a CUDA machine: the tests marked gpu and the GPU measurements into GPU_OUT (no CUDA: says so)
+	bash benchmark/gpu_check.sh $(GPU_OUT) $(GPU_WHEELS)
 
 lock: ## re-resolve requirements.in into requirements.txt in a throw-away venv
 	lock_venv=$$(mktemp -d); trap 'rm -rf "$$lock_venv"' EXIT; \
