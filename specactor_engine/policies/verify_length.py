@@ -271,6 +271,9 @@ class VerifyLengthPolicy:
     first_score_at_probe: float = 0.0  # the first assignment's best expected rate when it was last probed
     cheap_probe: float = 0.15  # a probe expected within this share of the current rate is cheap ...
     cheap_probe_every: int = 8  # ... and runs this often at max_k (0: never; docstring)
+    # a method drafting one position in more than this share of a width-1 round calibrates its rounds' verify and
+    # host time apart (`_calibration_regime`)
+    costly_share: float = 0.01
 
     @property
     def max_k(self) -> int:
@@ -291,9 +294,26 @@ class VerifyLengthPolicy:
         b, w = min(observed, key=lambda bw: (abs(log(bw[0]) - log(here)), bw[0], abs(bw[1] - width), bw[1]))
         return self.scale[(regime, b, w)]
 
-    def verify_seconds(self, rows: int, k: int, context: int | None = None, regime: str = "") -> float:
-        """Predicted seconds of a verify round (forward, sampling, host work) with k drafts per row."""
-        return self.cost.cost(rows, k + 1, context) * self.calibration(k + 1, regime, rows)
+    def verify_seconds(self, rows: int, k: int, context: int | None = None, regime: str = "",
+                       methods: Sequence[str | None] | None = None) -> float:
+        """Predicted seconds of a verify round (forward, sampling, host work) with k drafts per row (methods:
+        each row's draft method; rounds of costly methods have their own calibration once observed)."""
+        keyed = self._calibration_regime(regime, methods, rows) if k > 0 else None
+        if keyed is None or not any(r == keyed for r, _, _ in self.scale):
+            keyed = regime
+        return self.cost.cost(rows, k + 1, context) * self.calibration(k + 1, keyed, rows)
+
+    def _calibration_regime(self, regime: str, methods: Sequence[str | None] | None, rows: int) -> str | None:
+        """The calibration key of rounds drafted by `methods`: the regime and its costly methods (None when it
+        has none). A draft model's rounds cost more than their drafting: its forwards evict the target's
+        weights from the cache before the verify, and its bookkeeping adds host time (trace D: ~20 ms more
+        per round of the 0.5B than of the feature drafter at the same width, ~12% of the round). Pooled, that
+        difference made the 0.5B look cheaper than it was and won it long stretches it lost."""
+        if not methods:
+            return None
+        floor = self.costly_share * self.cost.cost(rows, 1)
+        costly = sorted(m for m in set(methods) if m is not None and self.draft_s_by_method.get(m, 0.0) > floor)
+        return f"{regime}|{'+'.join(costly)}" if costly else None
 
     def method_stats(self, method: str) -> AcceptanceStats:
         """The acceptance statistics of one draft method (the optimistic prior until it is observed)."""
@@ -322,7 +342,8 @@ class VerifyLengthPolicy:
         """Expected tokens per second of a round verifying k drafts on each of `rows` rows whose
         longest committed context is `context` (drafting=False: without the in-line drafting time,
         as when drafts stream in from concurrent workers; methods: each row's draft method)."""
-        seconds = self.verify_seconds(rows, k, context, regime) + (self.drafting_seconds(k, methods) if drafting else 0.0)
+        seconds = self.verify_seconds(rows, k, context, regime, methods) + \
+            (self.drafting_seconds(k, methods) if drafting else 0.0)
         return self.expected_tokens(rows, k, methods) / max(seconds, 1e-6)
 
     def _best_option(self, rows: int, k: int, context: int | None, regime: str,
@@ -458,8 +479,10 @@ class VerifyLengthPolicy:
         ratio = min(max((round_s - draft_s) / max(self.cost.cost(rows, k + 1, context), 1e-9), MIN_SCALE), MAX_SCALE)
         key = (regime, self.bucket(rows), k + 1)
         self.seen_at[key] = len(self.history)
-        previous = self.scale.get(key)
-        self.scale[key] = ratio if previous is None else previous + self.decay * (ratio - previous)
+        keyed = self._calibration_regime(regime, methods, rows) if k > 0 else None
+        for key in [key] + ([(keyed, key[1], key[2])] if keyed is not None else []):  # pooled, and its methods'
+            previous = self.scale.get(key)
+            self.scale[key] = ratio if previous is None else previous + self.decay * (ratio - previous)
 
 
 def _models_of(option: Sequence[str | None]) -> frozenset[str]:

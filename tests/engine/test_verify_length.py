@@ -396,3 +396,28 @@ def test_the_methods_in_use_are_kept_until_another_assignment_is_better_by_the_h
     assert ratio() > 1 + policy.hysteresis
     policy.choose(4, options=[A, B])
     assert policy.option == 1 and policy.models_in_use == {"b"}
+
+
+def test_rounds_of_each_costly_method_have_their_own_verify_calibration():
+    """A draft model's rounds cost more than their drafting (its forwards evict the target's weights from the
+    cache; its bookkeeping adds host time): trace D's 0.5B rounds took ~20 ms more outside drafting than the
+    feature drafter's at the same width. Two methods alike in acceptance and drafting cost, one of whose rounds
+    are slower outside drafting: the policy expects it slower and prefers the other, whatever the order of
+    the options; model-free methods (drafting cost below `costly_share`) and plain rounds keep the pooled
+    calibration."""
+    M, F, S = ["m"] * 4, ["f"] * 4, ["s"] * 4
+    policy = VerifyLengthPolicy(D_FP32, AcceptanceStats(max_k=4), probe_every=0, cheap_probe_every=0)
+    profiled = D_FP32.cost(4, 4)
+    for _ in range(3):  # the first round of each method is its warm-up (its drafting cost left out)
+        for methods, extra in ((M, 0.3), (F, 0.0), (S, 0.0)):
+            policy.observe_round(3, [3] * 4, [2] * 4, 0.03 if methods is not S else 0.0003, profiled + extra + 0.03,
+                                 4, methods=methods, draft_s_by_method={methods[0]: 0.03 if methods is not S else 3e-4})
+    assert policy.verify_seconds(4, 3, methods=M) > 1.2 * policy.verify_seconds(4, 3, methods=F)
+    assert policy.throughput(4, 3, methods=F) > 1.2 * policy.throughput(4, 3, methods=M)
+    for options, chosen in (([M, F], 1), ([F, M], 0)):
+        policy.models_in_use = frozenset()
+        policy.choose(4, options=options)
+        assert policy.option == chosen
+    # the suffix method's rounds and k = 0 are priced by the pooled calibration (which saw every round)
+    assert policy.verify_seconds(4, 3, methods=S) == policy.verify_seconds(4, 3)
+    assert policy.verify_seconds(4, 0, methods=M) == policy.verify_seconds(4, 0)
