@@ -49,6 +49,7 @@ A pure policy over statistics (no torch, no engine), so it can be unit-tested on
 from __future__ import annotations
 
 import bisect
+import math
 import json
 from collections import Counter
 from dataclasses import dataclass, field
@@ -269,6 +270,12 @@ class VerifyLengthPolicy:
     rounds_off_first: int = 0  # rounds since the first assignment last ran (-1: it just ran as a probe)
     option_interval: int = 0  # rounds between probes of the first assignment (0: probe_every)
     first_score_at_probe: float = 0.0  # the first assignment's best expected rate when it was last probed
+    # a probe of the first assignment waits until its last probe's seconds are at most this share of the rounds'
+    # seconds since (`_probe_first_option`)
+    probe_budget: float = 0.05
+    round_s: float = 0.0  # EMA of the seconds of rounds that were no such probe
+    first_probe_s: float = 0.0  # the seconds of the last probe of the first assignment
+    probing_first: bool = False  # the round just chosen is such a probe
     cheap_probe: float = 0.15  # a probe expected within this share of the current rate is cheap ...
     cheap_probe_every: int = 8  # ... and runs this often at max_k (0: never; docstring)
     # a method drafting one position in more than this share of a width-1 round calibrates its rounds' verify and
@@ -412,6 +419,7 @@ class VerifyLengthPolicy:
         best length, 1 for a method that lost, would never refresh the deeper ones). The interval doubles (up
         to `max_probe_every`) after a probe that left its expected rate (`first_score`: its best throughput
         now) where it was, and starts over after one that raised it. Returns the round's length."""
+        self.probing_first = False
         if self.option == 0 and k > 0:  # chosen on its merits (after a probe too): probes start over from probe_every
             self.option_interval, self.rounds_off_first = 0, 0
             return k
@@ -421,11 +429,21 @@ class VerifyLengthPolicy:
                                                           self.max_probe_every)
             self.rounds_off_first = 0
         self.rounds_off_first += 1
-        if not self.probe_every or self.rounds_off_first < (self.option_interval or self.probe_every):
+        if not self.probe_every or self.rounds_off_first < max(self.option_interval or self.probe_every,
+                                                               self._probe_budget_rounds()):
             return k
         self.option, self.rounds_off_first, self.first_score_at_probe = 0, -1, first_score
+        self.probing_first = True
         self.history[-1] = self.max_k
         return self.max_k
+
+    def _probe_budget_rounds(self) -> int:
+        """Rounds off the first assignment before it is probed again so that its probes take at most
+        `probe_budget` of the time: a draft model's probe pays a catch-up forward over everything it missed,
+        for every row (trace A, 32 rows: ~2 s per probe of the 0.5B, 8 rounds' worth, twice a run)."""
+        if self.first_probe_s <= 0.0 or self.round_s <= 0.0:
+            return 0
+        return math.ceil(self.first_probe_s / (self.probe_budget * self.round_s))
 
     def _cheap_deep_probe_due(self, k: int, score: Any) -> bool:
         """A round at max_k while a shorter length is in force, when max_k is expected within `cheap_probe` of
@@ -466,6 +484,10 @@ class VerifyLengthPolicy:
         """Fold in one finished round: its acceptance, its drafting time and how far its other time
         (verify, sampling, host work) was from the profile at its width. methods: each row's draft
         method; draft_s_by_method: the in-line drafting seconds of each method this round."""
+        if self.probing_first:
+            self.first_probe_s, self.probing_first = round_s, False
+        else:
+            self.round_s = round_s if self.round_s <= 0.0 else self.round_s + self.decay * (round_s - self.round_s)
         if k > 0:
             self.observe_acceptance(verified_with, accepted, methods)
             self.draft_s_per_token += self.decay * (draft_s / k - self.draft_s_per_token)

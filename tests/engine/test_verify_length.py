@@ -308,7 +308,8 @@ def test_a_losing_draft_model_is_probed_now_and_then_and_wins_back_when_its_draf
     its drafts are accepted (each raising its expected rate, so the next comes as soon again), it wins the
     rounds back. Costs: trace D fp32 with the int8 0.5B's 0.105 s per draft step (coupled-cheap, session 15)."""
     step = 0.105
-    policy = VerifyLengthPolicy(D_FP32, AcceptanceStats(max_k=4), probe_every=4, max_probe_every=16)
+    # probe_budget=1: only the intervals here (the rounds in between are not observed; the budget has its own test)
+    policy = VerifyLengthPolicy(D_FP32, AcceptanceStats(max_k=4), probe_every=4, max_probe_every=16, probe_budget=1.0)
 
     def model_round(k: int, accepted: int) -> None:
         policy.observe_round(k, [k] * 4, [accepted] * 4, k * step, k * step + D_FP32.cost(4, k + 1), 4,
@@ -421,3 +422,27 @@ def test_rounds_of_each_costly_method_have_their_own_verify_calibration():
     # the suffix method's rounds and k = 0 are priced by the pooled calibration (which saw every round)
     assert policy.verify_seconds(4, 3, methods=S) == policy.verify_seconds(4, 3)
     assert policy.verify_seconds(4, 0, methods=M) == policy.verify_seconds(4, 0)
+
+
+def test_probes_of_a_costly_first_assignment_keep_within_the_probe_budget():
+    """A draft model's probe pays a catch-up forward over all it missed, for every row: ~2 s on trace A's 32 rows,
+    8 rounds' worth, twice a run. The next probe waits until the last one's seconds are at most `probe_budget` of
+    the rounds' seconds since: here a 1.0 s probe among 0.1 s rounds waits 1.0 / (0.05 * 0.1) = 200 rounds, not
+    the 4-8-16 of the intervals."""
+    policy = VerifyLengthPolicy(D_FP32, AcceptanceStats(max_k=4), probe_every=4, max_probe_every=16,
+                                probe_budget=0.05)
+    for _ in range(40):  # the free method wins clearly; the model has been measured as hopeless
+        policy.observe_acceptance([4] * 4, [2, 2, 2, 2], SUFFIX)
+        policy.observe_acceptance([4] * 4, [0, 0, 0, 0], MODEL)
+    policy.draft_s_by_method["model"] = 0.1
+    probes = []
+    for round_index in range(500):
+        k = policy.choose(4, options=[MODEL, SUFFIX])
+        if policy.option == 0 and k > 0:
+            probes.append(round_index)
+            policy.observe_round(k, [k] * 4, [0] * 4, 0.9, 1.0, 4, methods=MODEL, draft_s_by_method={"model": 0.9})
+        else:
+            policy.observe_round(k, [k] * 4, [2] * 4, 0.0, 0.1, 4, methods=SUFFIX)
+    assert probes[0] == 3  # the first probe: nothing known of its cost yet
+    assert all(b - a >= 200 for a, b in zip(probes, probes[1:])) and len(probes) >= 2
+    assert policy.first_probe_s == 1.0 and policy.round_s == pytest.approx(0.1)
