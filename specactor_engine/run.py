@@ -210,8 +210,12 @@ class Run:
         if self.coordinator is not None:
             self.coordinator.add_rows(slots.numpy(), self.state.seq_keys[slots].numpy(),
                                       [np.asarray(seq.prompt_ids, dtype=np.int64) for seq in batch])
+        policy = self.engine.length_policy if self.engine.verify_length == "dynamic" else None
         for drafter in self.engine.drafters:
-            drafter.add_rows(self.state, slots)
+            if drafter.defers_prefill and policy is not None and policy.idle_and_costly(drafter.name, len(slots)):
+                drafter.add_rows(self.state, slots, prefill=False)  # it may never draft for them
+            else:
+                drafter.add_rows(self.state, slots)
         self.stats.prefill_s += time.perf_counter() - started
         no_drafts = DraftProposal(torch.zeros(len(slots), 0, dtype=torch.long), torch.zeros(len(slots), dtype=torch.long))
         self._accept_and_commit(slots, logits, no_drafts, prefill=True)

@@ -60,6 +60,9 @@ class Drafter(ABC):
     catch_up_s: float = 0.0
     # drafts from the target's own hidden states: the engine calls `bind_target` with its target runner
     needs_target: bool = False
+    # `add_rows(..., prefill=False)` leaves the prompts to the catch-up of the rows' first drafting call (the
+    # engine defers it for a draft model that is measured costly and not in use: it may never draft for them)
+    defers_prefill: bool = False
 
     def bind_target(self, target: Any) -> None:
         """Attach to the engine's target runner (model/runner.py ModelRunner); only drafters that set

@@ -133,15 +133,19 @@ class ModelDrafter(Drafter):
         self._fed_count = torch.zeros(num_slots, dtype=torch.long)
         self._vocab_seen = torch.zeros(num_slots, dtype=torch.long)  # tokens of each slot already in the vocabulary
 
-    def add_rows(self, state: SequenceState, slots: torch.Tensor) -> None:
+    defers_prefill = True
+
+    def add_rows(self, state: SequenceState, slots: torch.Tensor, prefill: bool = True) -> None:
         """Prefill the prompts (without their last token) so the first propose is cheap; rows with the
-        same prompt (a GRPO group) share one prefill and copy its KV."""
+        same prompt (a GRPO group) share one prefill and copy its KV. prefill=False: the rows start empty
+        and the first `propose` for them catches up (`_catch_up`), prompt included."""
         self.runner.set_lengths(slots, torch.zeros_like(slots))
         self._fed_count[slots] = 0
         if self.grows:
             self._vocab_seen[slots] = 0
             grow_vocab(self.vocab, self._vocab_seen, state, slots)
-        prefill_prompts(state, slots, self.runner, self._prefill)
+        if prefill:
+            prefill_prompts(state, slots, self.runner, self._prefill)
 
     def _prefill(self, tokens: torch.Tensor, slots: torch.Tensor, lengths: torch.Tensor) -> None:
         self.runner.forward(tokens, slots, lengths, logits_at="none")

@@ -281,6 +281,7 @@ class VerifyLengthPolicy:
     # a method drafting one position in more than this share of a width-1 round calibrates its rounds' verify and
     # host time apart (`_calibration_regime`)
     costly_share: float = 0.01
+    idle_share: float = 0.1  # ... and one out of use that drafts a position in more than this share has its prefill deferred
 
     @property
     def max_k(self) -> int:
@@ -309,6 +310,14 @@ class VerifyLengthPolicy:
         if keyed is None or not any(r == keyed for r, _, _ in self.scale):
             keyed = regime
         return self.cost.cost(rows, k + 1, context) * self.calibration(k + 1, keyed, rows)
+
+    def idle_and_costly(self, method: str, rows: int) -> bool:
+        """`method` is not in use and drafts a position in more than `idle_share` of a width-1 round of `rows`
+        rows: the engine defers its prefill of newly admitted rows (a draft model out of use may never draft
+        for them; trace D's 0.5B prefilled every group's prompt, ~1.1 s a run, and drafted in 2 probes)."""
+        if method in self.models_in_use or method not in self.draft_s_by_method:
+            return False
+        return self.draft_s_by_method[method] > self.idle_share * self.cost.cost(rows, 1)
 
     def _calibration_regime(self, regime: str, methods: Sequence[str | None] | None, rows: int) -> str | None:
         """The calibration key of rounds drafted by `methods`: the regime and its costly methods (None when it

@@ -170,6 +170,61 @@ def test_a_model_drafter_that_fell_behind_catches_up_apart_and_drafts_the_same()
             drafter.check_invariants(state, slots)
 
 
+def test_a_model_drafter_admitted_without_prefill_drafts_the_same_after_catching_up():
+    """`add_rows(..., prefill=False)` (the engine defers a costly draft model's prefill while it is out of use):
+    the rows start empty and the first propose feeds prompt and outputs in its catch-up, drafting exactly what a
+    drafter that prefilled drafts (fp64)."""
+    target = make_tiny_model("qwen2", seed=11, dtype=torch.float64)
+    tokenizer = make_tokenizer()
+    context = DrafterContext("cpu", "float64", tokenizer, target.config.vocab_size)
+    drafters = [ModelDrafter(SimpleNamespace(name="model"), context, tokenizer=tokenizer,
+                             model=make_tiny_model("llama", seed=1, num_layers=1, dtype=torch.float64))
+                for _ in range(2)]
+    state = SequenceState.allocate(2, 64)
+    state.tokens[:, :6] = torch.tensor([[5, 9, 17, 33, 2, 8], [5, 9, 17, 33, 2, 8]])  # a group of two
+    state.lengths[:] = state.prompt_lengths[:] = 6
+    state.seq_keys[:] = torch.tensor([3, 4])
+    slots, request = torch.arange(2), DraftRequest(torch.arange(2), torch.tensor([3, 3]), SamplingParams(1.0))
+    prefilled, deferred = drafters
+    for drafter, prefill in ((prefilled, True), (deferred, False)):
+        drafter.allocate(2, 64)
+        drafter.add_rows(state, slots, prefill=prefill)
+    assert prefilled.runner.lengths[slots].tolist() == [5, 5] and deferred.runner.lengths[slots].tolist() == [0, 0]
+    state.append(slots, torch.tensor([[7, 8, 9], [10, 11, 12]]), torch.tensor([3, 2]))  # rounds of other methods
+    for drafter in drafters:
+        drafter.observe_commit(state, slots)
+    assert torch.equal(deferred.propose(state, request).token_ids, prefilled.propose(state, request).token_ids)
+    assert deferred.catch_up_s > 0
+
+
+def test_the_engine_defers_the_prefill_of_a_costly_draft_model_out_of_use_and_stays_exact():
+    """Rows admitted while the policy measures the draft model as costly and does not use it start without its
+    prefill; outputs stay those of plain decoding (fp64), and rows it later drafts for catch up first."""
+    from specactor_engine.policies.verify_length import AcceptanceStats, VerifyLengthPolicy
+    from tests.engine.test_dynamic_verify_length import table
+
+    target = make_tiny_model("qwen2", seed=3, num_layers=2, dtype=torch.float64)
+    params = sampling(1.0, n=2, max_new_tokens=24)
+    reference = token_ids(run(target, ragged_requests(6), params))
+    tokenizer = make_tokenizer()
+    context = DrafterContext("cpu", "float64", tokenizer, target.config.vocab_size)
+    model = ModelDrafter(SimpleNamespace(name="model"), context, tokenizer=tokenizer,
+                         model=make_tiny_model("llama", seed=1, num_layers=1, dtype=torch.float64))
+    calls: list[bool] = []
+    original = model.add_rows
+    model.add_rows = lambda state, slots, prefill=True: (calls.append(prefill), original(state, slots, prefill))
+    from tests.engine.test_exactness import make_drafter
+    config = rollout("specactor", num_draft_tokens=3, max_batch_size=4, verify_length="dynamic")
+    engine = Engine(target, tokenizer, config, max_model_len=MAX_LEN, check_invariants=True,
+                    drafters=[model, make_drafter("suffix", target, torch.float64)])
+    engine.length_policy = VerifyLengthPolicy(table(0.01, 0.0001), AcceptanceStats(max_k=3), probe_every=4)
+    engine.length_policy.draft_s_by_method["model"] = 1.0  # measured costly, and not in use
+    result = engine.generate(ragged_requests(6), params)
+    assert token_ids(result) == reference
+    assert False in calls  # some admissions deferred its prefill
+    assert result.stats.drafted_per_drafter.get("model", 0) > 0  # and it drafted (probes), catching up first
+
+
 @pytest.mark.parametrize("quantize", ["none", pytest.param("int8", marks=needs_int8)])
 def test_a_growing_vocabulary_keeps_new_tokens_beside_the_head_then_rebuilds_it(target, quantize):
     """Tokens the vocabulary takes in go to a small float head beside the compact one, which is rebuilt over
