@@ -6,7 +6,7 @@ out=${1:?usage: gpu_check.sh OUT_DIR [WHEELS_DIR]}
 wheels=${2:-.gpu-wheels}
 py=${GPU_PYTHON:-python3}
 if ! "$py" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
-    echo "gpu-check: $py's torch sees no CUDA device here; nothing to check (run it on a GPU machine)."
+    echo "gpu-check: no CUDA device here ($py has no torch, or its torch sees no GPU); nothing to check (run it on a GPU machine, docs/gpu.md)."
     exit 0
 fi
 mkdir -p "$out"

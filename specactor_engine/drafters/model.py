@@ -64,6 +64,25 @@ def prefill_prompts(state: SequenceState, slots: torch.Tensor, runner: ModelRunn
         runner.cache.copy_prefix(slots[leader_of[followers]], slots[followers], prompt_lengths[followers])
 
 
+def fitting_batches(start: torch.Tensor, counts: torch.Tensor, max_len: int) -> list[torch.Tensor]:
+    """Rows feeding counts[i] tokens after start[i] [R], split into forwards whose padded blocks fit the cache:
+    a forward pads every row to the longest count, and a row far along (start near max_len) padded to a row fed
+    from 0 (a deferred prefill) would write past the cache's end. Rows ordered by start, a new batch wherever the
+    next row would overflow. Returns index tensors into the R rows (one batch when all fit)."""
+    order = torch.argsort(start, stable=True).tolist()
+    batches: list[list[int]] = []
+    widest, furthest = 0, 0
+    for i in order:
+        width, end = max(widest, int(counts[i])), int(start[i])
+        if batches and max(furthest, end) + width <= max_len:
+            batches[-1].append(i)
+            widest, furthest = width, max(furthest, end)
+        else:
+            batches.append([i])
+            widest, furthest = int(counts[i]), end
+    return [torch.tensor(sorted(b), dtype=torch.long) for b in batches]
+
+
 def share_prefill(tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     """For rows tokens [R, W] with `lengths` [R] valid tokens: the index of the first row with the same
     tokens and length (itself if none is earlier), so identical prompts are prefilled once: [R]."""
@@ -192,11 +211,11 @@ class ModelDrafter(Drafter):
         late = behind > k + 1
         if bool(late.any()):
             rows = slots[late]
-            start = self.runner.lengths[rows]
             counts = behind[late] - k  # leave k + 1 to the first draft step
-            tokens, _ = state.gather(rows, start, int(counts.max()))
-            self.runner.forward(tokens, rows, counts, logits_at="none")
-            self.runner.commit(rows, counts)
+            for part in fitting_batches(self.runner.lengths[rows], counts, self.runner.cache.max_len):
+                tokens, _ = state.gather(rows[part], self.runner.lengths[rows[part]], int(counts[part].max()))
+                self.runner.forward(tokens, rows[part], counts[part], logits_at="none")
+                self.runner.commit(rows[part], counts[part])
             self.catch_up_s = time.perf_counter() - started
 
     def observe_commit(self, state: SequenceState, slots: torch.Tensor) -> None:

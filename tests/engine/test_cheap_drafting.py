@@ -197,6 +197,44 @@ def test_a_model_drafter_admitted_without_prefill_drafts_the_same_after_catching
     assert deferred.catch_up_s > 0
 
 
+def test_rows_far_apart_catch_up_in_forwards_that_fit_the_cache():
+    """A deferred row catches up from position 0 while another is near the cache's end: one forward would pad the
+    far row to the deferred row's width and write past the cache (trace D: 'KV cache overflow: position 362 >=
+    344'); the catch-up splits them, and both draft what a drafter that prefilled and kept up drafts."""
+    from specactor_engine.drafters.model import fitting_batches
+
+    assert [b.tolist() for b in fitting_batches(torch.tensor([0, 30, 2]), torch.tensor([30, 4, 20]), 40)] == \
+        [[0, 2], [1]]
+    target = make_tiny_model("qwen2", seed=11, dtype=torch.float64)
+    tokenizer = make_tokenizer()
+    context = DrafterContext("cpu", "float64", tokenizer, target.config.vocab_size)
+    drafters = [ModelDrafter(SimpleNamespace(name="model"), context, tokenizer=tokenizer,
+                             model=make_tiny_model("llama", seed=1, num_layers=1, dtype=torch.float64))
+                for _ in range(2)]
+    state = SequenceState.allocate(2, 48)
+    state.tokens[:, :4] = torch.tensor([[5, 9, 17, 33], [40, 41, 42, 43]])
+    state.lengths[:] = state.prompt_lengths[:] = 4
+    state.seq_keys[:] = torch.tensor([3, 4])
+    keeping_up, late = drafters
+    one, both = torch.tensor([0]), torch.arange(2)
+    for drafter in drafters:
+        drafter.allocate(2, 48)
+    keeping_up.add_rows(state, both)
+    late.add_rows(state, one)
+    late.add_rows(state, torch.tensor([1]), prefill=False)
+    request_one = DraftRequest(one, torch.tensor([2]), SamplingParams(1.0))
+    for step in range(14):  # `late` drafts row 0 in the first 10 rounds only, row 1 never: both fall behind
+        if step < 10:
+            late.propose(state, request_one)
+        keeping_up.propose(state, DraftRequest(both, torch.tensor([2, 2]), SamplingParams(1.0)))
+        state.append(both, torch.tensor([[7, 8, 9], [10 + step, 11, 12]]), torch.tensor([3, 3]))
+        for drafter in drafters:
+            drafter.observe_commit(state, both)
+    assert int(late.runner.lengths[0]) + int(state.lengths[1]) > 48  # one padded forward would overflow
+    request = DraftRequest(both, torch.tensor([2, 2]), SamplingParams(1.0))
+    assert torch.equal(late.propose(state, request).token_ids, keeping_up.propose(state, request).token_ids)
+
+
 def test_the_engine_defers_the_prefill_of_a_costly_draft_model_out_of_use_and_stays_exact():
     """Rows admitted while the policy measures the draft model as costly and does not use it start without its
     prefill; outputs stay those of plain decoding (fp64), and rows it later drafts for catch up first."""
