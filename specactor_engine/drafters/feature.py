@@ -25,7 +25,7 @@ import torch
 
 from specactor_engine.drafters.base import DraftRequest, Drafter, DrafterContext, register_drafter
 from specactor_engine.drafters.draft_head import DraftHead, grow_vocab, growing_vocab, propose_rows
-from specactor_engine.drafters.model import prefill_prompts
+from specactor_engine.drafters.model import fitting_batches, prefill_prompts
 from specactor_engine.model.draft_vocab import GrowingVocab, load_draft_vocab
 from specactor_engine.model.feature_draft import FeatureDraftModel
 from specactor_engine.model.quantize import quantize_int8
@@ -170,8 +170,10 @@ class FeatureDrafter(Drafter):
         behind = committed - self.runner.lengths[slots]
         late = behind > k + 1
         if bool(late.any()):
-            rows = slots[late]
-            self._feed(state, rows, committed[late] - (k + 1), "none")
+            rows, upto = slots[late], committed[late] - (k + 1)
+            start = self.runner.lengths[rows]
+            for part in fitting_batches(start, upto - start, self.runner.cache.max_len):  # padded blocks fit the cache
+                self._feed(state, rows[part], upto[part], "none")
             self.catch_up_s = time.perf_counter() - started
 
     def observe_commit(self, state: SequenceState, slots: torch.Tensor) -> None:
