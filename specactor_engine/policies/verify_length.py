@@ -281,8 +281,8 @@ class VerifyLengthPolicy:
     # a method drafting one position in more than this share of a width-1 round calibrates its rounds' verify and
     # host time apart (`_calibration_regime`)
     costly_share: float = 0.01
-    # costly method set (`_calibration_regime` key) -> EMA of realised / expected tokens per second of the rounds
-    # drafted with it (probes left out): what the per-part estimates still miss
+    # regime and method set (`_realised_key`) -> EMA of realised / expected tokens per second of the rounds drafted
+    # with it (probes left out): what the per-part estimates still miss
     realised: dict[str, float] = field(default_factory=dict)
     expected: tuple[str, float] | None = None  # the key and expected tokens/s of the round just chosen
     idle_share: float = 0.1  # ... and one out of use that drafts a position in more than this share has its prefill deferred
@@ -370,8 +370,15 @@ class VerifyLengthPolicy:
         """The realised / expected throughput factor of rounds drafted by these costly methods (1 until observed).
         Trace D: the 0.5B's late-phase rounds ran at 44.5 tokens/s where the estimates put it ahead of the
         feature drafter's 48.1, so whole phases went to it; the factor charges such misses to the method."""
-        key = self._calibration_regime(regime, methods, rows) if k > 0 else None
+        key = self._realised_key(regime, methods) if k > 0 else None
         return self.realised.get(key, 1.0) if key is not None else 1.0
+
+    @staticmethod
+    def _realised_key(regime: str, methods: Sequence[str | None] | None) -> str | None:
+        """Every assignment's own record, model-free ones too: correcting only the costly ones handed trace D's
+        second half to suffix and n-gram drafts whose estimates erred the other way."""
+        used = sorted({m for m in methods or () if m is not None})
+        return f"{regime}|{'+'.join(used)}" if used else None
 
     def _best_option(self, rows: int, k: int, context: int | None, regime: str,
                      options: Sequence[Sequence[str | None]] | None) -> tuple[float, int]:
@@ -430,7 +437,7 @@ class VerifyLengthPolicy:
             k = self._probe_first_option(k, max(self._best_option(rows, j, context, regime, first)[0]
                                                 for j in range(1, self.max_k + 1)))
         chosen = options[self.option] if options else None
-        key = self._calibration_regime(regime, chosen, rows) if k > 0 and not self.probing_first else None
+        key = self._realised_key(regime, chosen) if k > 0 and not self.probing_first else None
         if key is not None and chosen is not None:
             raw = self.throughput(rows, k, context, regime, methods=chosen) / self._realised(regime, chosen, rows, k)
             self.expected = (key, raw)
