@@ -20,7 +20,7 @@ from specactor_engine.model.quantize import int8_supported, quantize_int8
 from specactor_engine.sampling import SamplingParams, sample_tokens
 from specactor_engine.state import SequenceState
 from tests.engine.test_exactness import MAX_LEN, ragged_requests, rollout, run, sampling, token_ids
-from tests.fixtures.tiny_models import make_tiny_model, make_tokenizer
+from tests.fixtures.tiny_models import VOCAB_SIZE, make_tiny_model, make_tokenizer
 
 needs_int8 = pytest.mark.skipif(not int8_supported(), reason="no x86/fbgemm quantized engine in this torch build")
 
@@ -170,16 +170,19 @@ def test_a_model_drafter_that_fell_behind_catches_up_apart_and_drafts_the_same()
             drafter.check_invariants(state, slots)
 
 
+def two_model_drafters() -> list[ModelDrafter]:
+    """Two fp64 model drafters with the same weights (one kept as the reference for the other)."""
+    context = DrafterContext("cpu", "float64", make_tokenizer(), VOCAB_SIZE)
+    return [ModelDrafter(SimpleNamespace(name="model"), context, tokenizer=make_tokenizer(),
+                         model=make_tiny_model("llama", seed=1, num_layers=1, dtype=torch.float64))
+            for _ in range(2)]
+
+
 def test_a_model_drafter_admitted_without_prefill_drafts_the_same_after_catching_up():
     """`add_rows(..., prefill=False)` (the engine defers a costly draft model's prefill while it is out of use):
     the rows start empty and the first propose feeds prompt and outputs in its catch-up, drafting exactly what a
     drafter that prefilled drafts (fp64)."""
-    target = make_tiny_model("qwen2", seed=11, dtype=torch.float64)
-    tokenizer = make_tokenizer()
-    context = DrafterContext("cpu", "float64", tokenizer, target.config.vocab_size)
-    drafters = [ModelDrafter(SimpleNamespace(name="model"), context, tokenizer=tokenizer,
-                             model=make_tiny_model("llama", seed=1, num_layers=1, dtype=torch.float64))
-                for _ in range(2)]
+    drafters = two_model_drafters()
     state = SequenceState.allocate(2, 64)
     state.tokens[:, :6] = torch.tensor([[5, 9, 17, 33, 2, 8], [5, 9, 17, 33, 2, 8]])  # a group of two
     state.lengths[:] = state.prompt_lengths[:] = 6
@@ -205,12 +208,7 @@ def test_rows_far_apart_catch_up_in_forwards_that_fit_the_cache():
 
     assert [b.tolist() for b in fitting_batches(torch.tensor([0, 30, 2]), torch.tensor([30, 4, 20]), 40)] == \
         [[0, 2], [1]]
-    target = make_tiny_model("qwen2", seed=11, dtype=torch.float64)
-    tokenizer = make_tokenizer()
-    context = DrafterContext("cpu", "float64", tokenizer, target.config.vocab_size)
-    drafters = [ModelDrafter(SimpleNamespace(name="model"), context, tokenizer=tokenizer,
-                             model=make_tiny_model("llama", seed=1, num_layers=1, dtype=torch.float64))
-                for _ in range(2)]
+    drafters = two_model_drafters()
     state = SequenceState.allocate(2, 48)
     state.tokens[:, :4] = torch.tensor([[5, 9, 17, 33], [40, 41, 42, 43]])
     state.lengths[:] = state.prompt_lengths[:] = 4
