@@ -49,8 +49,8 @@ A pure policy over statistics (no torch, no engine), so it can be unit-tested on
 from __future__ import annotations
 
 import bisect
-import math
 import json
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -364,10 +364,10 @@ class VerifyLengthPolicy:
         as when drafts stream in from concurrent workers; methods: each row's draft method)."""
         seconds = self.verify_seconds(rows, k, context, regime, methods) + \
             (self.drafting_seconds(k, methods) if drafting else 0.0)
-        return self.expected_tokens(rows, k, methods) / max(seconds, 1e-6) * self._realised(regime, methods, rows, k)
+        return self.expected_tokens(rows, k, methods) / max(seconds, 1e-6) * self._realised(regime, methods, k)
 
-    def _realised(self, regime: str, methods: Sequence[str | None] | None, rows: int, k: int) -> float:
-        """The realised / expected throughput factor of rounds drafted by these costly methods (1 until observed).
+    def _realised(self, regime: str, methods: Sequence[str | None] | None, k: int) -> float:
+        """The realised / expected throughput factor of rounds drafted by this method set (1 until observed).
         Trace D: the 0.5B's late-phase rounds ran at 44.5 tokens/s where the estimates put it ahead of the
         feature drafter's 48.1, so whole phases went to it; the factor charges such misses to the method."""
         key = self._realised_key(regime, methods) if k > 0 else None
@@ -439,7 +439,7 @@ class VerifyLengthPolicy:
         chosen = options[self.option] if options else None
         key = self._realised_key(regime, chosen) if k > 0 and not self.probing_first else None
         if key is not None and chosen is not None:
-            raw = self.throughput(rows, k, context, regime, methods=chosen) / self._realised(regime, chosen, rows, k)
+            raw = self.throughput(rows, k, context, regime, methods=chosen) / self._realised(regime, chosen, k)
             self.expected = (key, raw)
         else:
             self.expected = None
