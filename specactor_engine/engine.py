@@ -12,11 +12,11 @@ The engine knows nothing about Prefect, DeepSpeed or W&B; it is built from a `Ro
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
+from specactor_engine import clock
 from specactor_engine.config import RolloutConfig, SpecActorConfig
 from specactor_engine.decoupled.launch import DrafterWorkers, start_workers
 from specactor_engine.decoupled.sync import WorkerDrafterSync
@@ -156,7 +156,7 @@ class Engine:
 
         progress(finished_sequences, total_sequences) is called after every round.
         """
-        started = time.perf_counter()
+        started = clock.now()
         stats = EngineStats(mode=self.mode.name, drafted_per_position=[0] * self.num_draft_tokens,
                             accepted_per_position=[0] * self.num_draft_tokens)
         sequences = self._prepare(requests, sampling)
@@ -173,7 +173,7 @@ class Engine:
             torch.set_num_threads(threads)
             if self.coordinator is not None and self.coordinator.buffers is not None:
                 stats.decoupled = self.coordinator.stats()
-        stats.total_s = time.perf_counter() - started
+        stats.total_s = clock.now() - started
         stats.num_sequences = len(sequences)
         stats.output_tokens = sum(len(s.output_ids) for s in sequences)
         return RolloutResult([self._to_output(s) for s in sequences], stats)

@@ -10,12 +10,12 @@ beside the row's own draft by the verifier).
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
+from specactor_engine import clock
 from specactor_engine.decoupled.coordinator import DecoupledCoordinator
 from specactor_engine.decoupled.sync import WorkerDrafterSync
 from specactor_engine.drafters import DraftRequest, Drafter
@@ -150,27 +150,27 @@ class Proposer:
         shadow_idle: also draft idle rows as shadows (statistics only); chosen: each row's method, as
         already decided with the verify length (None: the selector chooses here)."""
         drafts = RoundDrafts(no_drafts(len(slots), caps), [None] * len(slots), caps, full_caps)
-        started = time.perf_counter()
+        started = clock.now()
         if self.coordinator is None:
             self._propose_in_process(slots, drafts, chosen)
         elif not self.drafters:
             self._take(slots, drafts)
         else:
             self._propose_mixed(slots, drafts, workers_on, chosen)
-        drafts.draft_s = time.perf_counter() - started
+        drafts.draft_s = clock.now() - started
         if shadow_idle:
-            started = time.perf_counter()
+            started = clock.now()
             self._shadow_idle_rows(slots, drafts)
-            drafts.shadow_s = time.perf_counter() - started
+            drafts.shadow_s = clock.now() - started
         return drafts
 
     def add_candidates(self, slots: torch.Tensor, drafts: RoundDrafts, max_rows: int, free_only: bool = False) -> None:
         """Combination: second candidates from the other in-process methods, at most `max_rows`; free_only:
         only from model-free methods (a dynamic verify length weighed the round's drafting cost, and a draft
         model's candidates would add a whole drafting call it did not weigh)."""
-        started = time.perf_counter()
+        started = clock.now()
         drafts.candidates = self._candidates(slots, drafts, max_rows, free_only)
-        drafts.candidate_s = time.perf_counter() - started
+        drafts.candidate_s = clock.now() - started
 
     def _row_verify_s(self) -> float:
         """A row's share of a verify round so far (what every draft method pays per round)."""
@@ -211,9 +211,9 @@ class Proposer:
         assert self.coordinator is not None
         caps = drafts.caps
         self.coordinator.poll()
-        started = time.perf_counter()
+        started = clock.now()
         stream_tokens, stream_num = (torch.from_numpy(a) for a in self.coordinator.take(slots.numpy(), caps.numpy()))
-        take_s = time.perf_counter() - started
+        take_s = clock.now() - started
         if not len(caps) or int(caps.max()) == 0:
             return
         methods = self._methods(workers_on)
@@ -249,11 +249,11 @@ class Proposer:
             shadowing = full_caps is not None and drafter.model_free
             asked = full_caps[rows] if shadowing else caps[rows]
             request = DraftRequest(slots[rows], asked, self.params, coupled_noise=not self.rejection)
-            started = time.perf_counter()
+            started = clock.now()
             proposal = drafter.propose(self.state, request)
             if shadowing:  # drafted to the cap: what this round does not verify is scored as a shadow
                 proposal = self._shadow_beyond(slots, rows, drafts, proposal, drafter.name)
-            self._observe_cost(drafts, drafter.name, time.perf_counter() - started, len(rows), drafter.catch_up_s)
+            self._observe_cost(drafts, drafter.name, clock.now() - started, len(rows), drafter.catch_up_s)
             got = proposal.num_tokens > 0
             taken = rows[got]
             width = proposal.token_ids.shape[1]
@@ -303,11 +303,11 @@ class Proposer:
             if not rows:
                 continue
             picked = torch.tensor(rows)
-            started = time.perf_counter()
+            started = clock.now()
             offer = drafter.propose(self.state, DraftRequest(slots[picked], caps[picked], self.params,
                                                              coupled_noise=True))
             if self.selector is not None:
-                self.selector.observe_cost(drafter.name, time.perf_counter() - started, len(rows))
+                self.selector.observe_cost(drafter.name, clock.now() - started, len(rows))
             for i, row in enumerate(rows):
                 n = int(offer.num_tokens[i])
                 if n == 0:
@@ -387,9 +387,9 @@ class Proposer:
             if not mine:
                 continue
             index = torch.tensor(mine)
-            started = time.perf_counter()
+            started = clock.now()
             proposal = drafter.propose(self.state, DraftRequest(slots[index], full[index], self.params))
-            self._observe_cost(drafts, drafter.name, time.perf_counter() - started, len(mine))
+            self._observe_cost(drafts, drafter.name, clock.now() - started, len(mine))
             last = position == len(self.shadow_drafters) - 1
             for i, row in enumerate(mine):
                 n = int(proposal.num_tokens[i])

@@ -7,7 +7,6 @@ One verify round (docs/architecture.md), read top to bottom in `Run._round`:
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
@@ -15,6 +14,7 @@ from typing import Any, Callable, Protocol
 import numpy as np
 import torch
 
+from specactor_engine import clock
 from specactor_engine.decoupled.coordinator import DecoupledCoordinator
 from specactor_engine.decoupled.phase import DECOUPLED, SOLO, DecouplingPolicy
 from specactor_engine.decoupled.protocol import SamplingSpec
@@ -184,7 +184,7 @@ class Run:
     # ------------------------------------------------------------------ admission / prefill
     def _admit(self, batch: list[SampleRecord]) -> None:
         """Prefill new sequences (one forward per distinct prompt) and sample their first token."""
-        started = time.perf_counter()
+        started = clock.now()
         slots = torch.tensor([self.free.pop() for _ in batch])
         for slot, seq in zip(slots.tolist(), batch):
             self.slot_seq[slot] = seq
@@ -216,7 +216,7 @@ class Run:
                 drafter.add_rows(self.state, slots, prefill=False)  # it may never draft for them
             else:
                 drafter.add_rows(self.state, slots)
-        self.stats.prefill_s += time.perf_counter() - started
+        self.stats.prefill_s += clock.now() - started
         no_drafts = DraftProposal(torch.zeros(len(slots), 0, dtype=torch.long), torch.zeros(len(slots), dtype=torch.long))
         self._accept_and_commit(slots, logits, no_drafts, prefill=True)
 
@@ -224,7 +224,7 @@ class Run:
     def _round(self) -> None:
         """One verify round, top to bottom (docs/architecture.md): schedule -> propose -> verify ->
         accept and commit -> observe."""
-        started = time.perf_counter()
+        started = clock.now()
         plan = self._schedule(torch.tensor(sorted(self.slot_seq)))  # caps [R] at this round's verify length
         slots = plan.slots
         drafts = self.proposer.propose(slots, plan.caps, plan.full_caps, workers_on=plan.arm != SOLO,
@@ -234,9 +234,9 @@ class Run:
                 and self._combination_pays(plan):
             self.proposer.add_candidates(slots, drafts, max_rows=len(self.scratch), free_only=plan.policy is not None)
         self.stats.draft_s += drafts.draft_s + drafts.shadow_s + drafts.candidate_s
-        verify_started = time.perf_counter()
+        verify_started = clock.now()
         verified = self.verifier.verify(slots, drafts)  # logits [R, k+1, V]; winning candidates swapped in
-        self.stats.verify_s += time.perf_counter() - verify_started
+        self.stats.verify_s += clock.now() - verify_started
         self.stats.verify_rounds += 1
         self.stats.row_rounds += len(slots)
         outcome = self._accept_and_commit(slots, verified.logits, drafts.proposal)
@@ -251,12 +251,12 @@ class Run:
             chosen = drafts.chosen or [None] * len(slots)
             methods = [source or choice for source, choice in zip(drafts.sources, chosen)]
             plan.policy.observe_round(plan.cap, verified_caps.numpy(), outcome.num_accepted.numpy(), drafts.draft_s,
-                                      time.perf_counter() - started - drafts.shadow_s - drafts.candidate_s,
+                                      clock.now() - started - drafts.shadow_s - drafts.candidate_s,
                                       len(slots), plan.context,
                                       regime=plan.arm or "", methods=methods if drafts.chosen else None,
                                       draft_s_by_method=drafts.steady_draft_s())
         if self.phase is not None:
-            self.phase.observe(plan.arm, int(outcome.counts.sum()), time.perf_counter() - started)
+            self.phase.observe(plan.arm, int(outcome.counts.sum()), clock.now() - started)
 
     def _schedule(self, slots: torch.Tensor) -> RoundPlan:
         """Each row's draft cap [R] for this round: room left in its budget, the dynamic decoupling arm,
@@ -423,7 +423,7 @@ class Run:
                 by_drafter[name] = by_drafter.get(name, 0) + 1
                 accepted_by[name] = accepted_by.get(name, 0) + int(num_accepted[row])
         stats.timeline.append({
-            "t": round(time.perf_counter() - self.started, 4), "rows": len(outcome.counts),
+            "t": round(clock.now() - self.started, 4), "rows": len(outcome.counts),
             "k": drafts.proposal.token_ids.shape[1], "cap": plan.cap,
             "emitted": int(outcome.counts.sum()), "drafted": int(num_drafts.sum()), "accepted": int(num_accepted.sum()),
             "by_drafter": by_drafter, "accepted_by_drafter": accepted_by,
