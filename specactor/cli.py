@@ -404,12 +404,15 @@ def _progress():  # noqa: ANN202 - a rich Progress context
 
 
 def _add_bench_command() -> None:
-    """`specactor bench ...` is the benchmark harness's own Typer app (benchmark/cli.py)."""
+    """`specactor bench ...` is the benchmark harness's own Typer app (benchmark/cli.py); `specactor simulate`
+    replays its runs under a cost model (benchmark/simulate)."""
     try:
         from benchmark.cli import bench
+        from benchmark.simulate.cli import simulate
     except ImportError:  # the harness is not installed with this checkout
         return
     app.command(name="bench")(bench)
+    app.command(name="simulate")(simulate)
 
 
 def main() -> None:

@@ -1,0 +1,230 @@
+"""Cost models of a replay: seconds of the target's forwards and of each drafter's calls.
+
+A replay's clock (replay.py) advances by what a cost model charges for every target forward (a verify
+round of `rows` x `width` tokens after `context` committed ones, or a prefill of `tokens` prompt
+tokens) and every drafter call (`rows` rows, `k` draft steps), plus the host work the replay really
+runs (the engine's own bookkeeping, timed as it runs here). Three models:
+
+- `profile_costs`: the engine's measured CPU profile (policies/cost_profile.py, stored in the facts), the
+  target's prefill rate measured with it, and the drafters' calls timed while the facts were gathered.
+  On the machine that ran the benchmark this predicts its makespans (validate).
+- `table_costs`: a verify-cost table measured on a GPU by `make gpu-check` (bench/gpu/...), with
+  roofline drafting and prefill for the parts the table does not cover.
+- `roofline_costs`: a GPU described by its memory bandwidth and peak; a forward costs an overhead plus
+  the larger of streaming its weights and KV cache and computing its FLOPs, each at an achievable
+  share of the datasheet figure (GPUS below, with sources).
+
+The verify costs of a profile or table include the sampling over the logits (the engine's profile times
+forward + sampling); the replay runs its own sampling on the host, so it pauses its clock there and
+the model's figure stands for both.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from benchmark.simulate.facts import DrafterFacts, Facts
+from specactor_engine.policies.verify_length import CostProfile, CostTable
+
+CONTEXT_GRID = (128, 512, 1024, 2048)  # contexts a roofline profile is tabulated at
+BATCH_GRID = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """A GPU's datasheet figures and the shares of them a tuned decode step reaches."""
+
+    name: str
+    bandwidth_gbs: float  # HBM bandwidth, GB/s
+    peak_tflops: float  # dense bf16 tensor-core peak, TFLOP/s
+    source: str
+    bandwidth_share: float = 0.8  # decode kernels stream weights at ~80% of HBM bandwidth
+    compute_share: float = 0.6  # GEMMs of a few hundred rows reach ~60% of the dense peak
+    overhead_s: float = 0.002  # per forward: kernel launches of a CUDA-graph-class engine
+
+
+GPUS: dict[str, Gpu] = {
+    "h100": Gpu("H100 SXM5 80GB", 3350.0, 989.0, "NVIDIA H100 Tensor Core GPU datasheet (SXM5: 3.35 TB/s HBM3, "
+                "989 TFLOP/s dense BF16)"),
+    "h200": Gpu("H200 SXM 141GB", 4800.0, 989.0, "NVIDIA H200 Tensor Core GPU datasheet (4.8 TB/s HBM3e, "
+                "989 TFLOP/s dense BF16)"),
+}
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What a roofline needs of a transformer: weight bytes streamed per forward, FLOPs per token, KV bytes."""
+
+    params: int  # parameters a forward multiplies with (embedding lookups excluded)
+    weight_bytes: int
+    kv_bytes_per_token: int  # per committed token, all layers, K and V
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any], dtype_bytes: int = 2) -> "ModelShape":
+        """From a Hugging Face config dict of a Llama/Qwen-style decoder."""
+        d, layers = int(config["hidden_size"]), int(config["num_hidden_layers"])
+        heads = int(config["num_attention_heads"])
+        kv_heads = int(config.get("num_key_value_heads") or heads)
+        head_dim = int(config.get("head_dim") or d // heads)
+        inter, vocab = int(config["intermediate_size"]), int(config["vocab_size"])
+        attention = d * heads * head_dim + 2 * d * kv_heads * head_dim + heads * head_dim * d
+        per_layer = attention + 3 * d * inter
+        params = layers * per_layer + vocab * d  # the LM head; the embedding is a lookup
+        return cls(params, params * dtype_bytes, layers * 2 * kv_heads * head_dim * dtype_bytes)
+
+
+@dataclass
+class CostModel:
+    """verify(rows, width, context), prefill(tokens), draft(source, rows, k), draft_prefill(source, tokens)."""
+
+    name: str
+    profile: CostProfile  # the verify costs; also what the replayed engine's verify-length policy reads
+    prefill_s_per_token: float
+    drafting: dict[str, "DraftCost"]
+    notes: list[str] = field(default_factory=list)
+
+    def verify(self, rows: int, width: int, context: int) -> float:
+        return self.profile.cost(rows, width, context)
+
+    def prefill(self, tokens: int) -> float:
+        return tokens * self.prefill_s_per_token
+
+    def draft(self, source: str, rows: int, k: int) -> float:
+        cost = self.drafting.get(source)
+        return cost.seconds(rows, k) if cost is not None else 0.0
+
+    def draft_commit(self, source: str, rows: int) -> float:
+        """A drafter's bookkeeping after a round's commit (observe_commit), for `rows` rows."""
+        cost = self.drafting.get(source)
+        return cost.commit(rows) if cost is not None else 0.0
+
+    def draft_prefill(self, source: str, tokens: int) -> float:
+        """A draft model's forward over `tokens` prompt or committed tokens (admission, catch-up)."""
+        cost = self.drafting.get(source)
+        return tokens * cost.prefill_s_per_token if cost is not None else 0.0
+
+
+@dataclass
+class DraftCost:
+    """Seconds of one drafter call of `rows` rows and k draft steps: once(rows) + k x step(rows), both
+    interpolated linearly over the measured row counts (held beyond them)."""
+
+    rows: tuple[int, ...]
+    step_s: tuple[float, ...]
+    once_s: tuple[float, ...] = ()
+    prefill_s_per_token: float = 0.0  # admission prefill and catch-up forwards, per token
+    commit_rows: tuple[int, ...] = ()  # `observe_commit` after a round: seconds at these row counts
+    commit_s: tuple[float, ...] = ()
+
+    def commit(self, rows: int) -> float:
+        return _interpolate(self.commit_rows, self.commit_s, rows) if self.commit_rows and rows > 0 else 0.0
+
+    def seconds(self, rows: int, k: int) -> float:
+        if k <= 0 or rows <= 0 or not self.rows:
+            return 0.0
+        once = _interpolate(self.rows, self.once_s, rows) if self.once_s else 0.0
+        return once + k * _interpolate(self.rows, self.step_s, rows)
+
+    @classmethod
+    def from_facts(cls, facts: DrafterFacts) -> "DraftCost":
+        """From the timing grid (k = 1 and k = max_k at each row count) when the facts have one, else the
+        lockstep's calls (median seconds per step at each row count, the first call left out)."""
+        grid: dict[int, dict[int, float]] = {}
+        for rows, k, seconds in facts.timing:
+            grid.setdefault(int(rows), {})[int(k)] = seconds
+        if grid and all(len(ks) == 2 for ks in grid.values()):
+            rows = tuple(sorted(grid))
+            steps, onces = [], []
+            for r in rows:
+                (k1, t1), (k2, t2) = sorted(grid[r].items())
+                step = max((t2 - t1) / (k2 - k1), 0.0)
+                steps.append(step)
+                onces.append(max(t1 - k1 * step, 0.0))
+            commits = sorted((int(r), t) for r, t in facts.commit_timing)
+            return cls(rows, tuple(steps), tuple(onces), facts.prefill_s_per_token,
+                       tuple(r for r, _ in commits), tuple(t for _, t in commits))
+        per_rows: dict[int, list[float]] = {}
+        for rows_, k, seconds in facts.calls[1:]:
+            per_rows.setdefault(int(rows_), []).append(seconds / k)
+        rows = tuple(sorted(per_rows))
+        return cls(rows, tuple(statistics.median(per_rows[r]) for r in rows), (), facts.prefill_s_per_token)
+
+    @classmethod
+    def roofline(cls, shape: ModelShape, gpu: Gpu, max_rows: int = 256) -> "DraftCost":
+        rows = tuple(r for r in BATCH_GRID if r <= max_rows)
+        steps = tuple(_forward_s(shape, gpu, r, 1, 256) for r in rows)
+        return cls(rows, steps, (), _compute_s(shape, gpu, 1))
+
+
+def _interpolate(xs: tuple[int, ...], ys: tuple[float, ...], x: int) -> float:
+    i = bisect.bisect_left(xs, x)
+    if i < len(xs) and xs[i] == x:
+        return ys[i]
+    if i == 0:
+        return ys[0]
+    if i == len(xs):
+        return ys[-1]
+    return ys[i - 1] + (ys[i] - ys[i - 1]) * (x - xs[i - 1]) / (xs[i] - xs[i - 1])
+
+
+def profile_costs(facts: Facts) -> CostModel:
+    """The CPU cost model of the machine the facts were gathered on."""
+    if facts.cpu_profile is None:
+        raise ValueError("these facts hold no CPU profile (gathered without the target?)")
+    profile = CostProfile.from_dict(facts.cpu_profile)
+    drafting = {source: DraftCost.from_facts(d) for source, d in facts.drafters.items() if d.calls or d.timing}
+    return CostModel("cpu profile", profile, facts.target_prefill_s_per_token, drafting,
+                     [f"verify: the engine's profile on {facts.machine.get('cpu_model', 'this CPU')}; drafting: "
+                      "calls timed while gathering the facts; host work: the replay's own, timed here"])
+
+
+def roofline_profile(shape: ModelShape, gpu: Gpu, max_k: int, max_rows: int = 256) -> CostProfile:
+    """A roofline verify profile on the grid the engine's policy reads."""
+    rows = tuple(r for r in BATCH_GRID if r < max_rows) + (max_rows,)
+    widths = tuple(range(1, max_k + 2))
+    tables = tuple(CostTable(rows, widths, tuple(tuple(_forward_s(shape, gpu, r, w, c) for w in widths) for r in rows),
+                             c) for c in CONTEXT_GRID)
+    return CostProfile(tables)
+
+
+def shapes(facts: Facts) -> tuple[ModelShape, dict[str, ModelShape]]:
+    """The target's roofline shape and every draft model's (model-free sources have none)."""
+    drafters = {source: ModelShape(**d.shape) for source, d in facts.drafters.items() if d.shape}
+    return ModelShape.from_config(facts.target_config), drafters
+
+
+def roofline_costs(facts: Facts, gpu: Gpu, max_rows: int = 256) -> CostModel:
+    """A GPU's costs from first principles: the target and every draft model by roofline, the model-free
+    drafters free (their host work is the replay's own)."""
+    target, drafters = shapes(facts)
+    profile = roofline_profile(target, gpu, facts.max_k, max_rows)
+    drafting = {source: DraftCost.roofline(shape, gpu, max_rows) for source, shape in drafters.items()}
+    return CostModel(f"roofline {gpu.name}", profile, _compute_s(target, gpu, 1), drafting,
+                     [f"{gpu.name}: {gpu.bandwidth_gbs:.0f} GB/s x {gpu.bandwidth_share}, {gpu.peak_tflops:.0f} TFLOP/s "
+                      f"x {gpu.compute_share}, {gpu.overhead_s * 1e3:.1f} ms per forward ({gpu.source})"])
+
+
+def table_costs(facts: Facts, table_path: Path, gpu: Gpu) -> CostModel:
+    """A GPU verify table from `make gpu-check` (a saved CostProfile), roofline for the rest."""
+    target, drafters = shapes(facts)
+    data = json.loads(table_path.read_text(encoding="utf-8"))
+    profile = CostProfile.from_dict(data.get("profile", data))
+    drafting = {source: DraftCost.roofline(shape, gpu) for source, shape in drafters.items()}
+    return CostModel(f"table {table_path.name}", profile, _compute_s(target, gpu, 1), drafting,
+                     [f"verify: measured table {table_path}; drafting and prefill: roofline {gpu.name}"])
+
+
+def _forward_s(shape: ModelShape, gpu: Gpu, rows: int, width: int, context: int) -> float:
+    memory = (shape.weight_bytes + rows * context * shape.kv_bytes_per_token) / (gpu.bandwidth_gbs * 1e9 *
+                                                                               gpu.bandwidth_share)
+    return gpu.overhead_s + max(memory, _compute_s(shape, gpu, rows * width))
+
+
+def _compute_s(shape: ModelShape, gpu: Gpu, tokens: int) -> float:
+    return 2.0 * shape.params * tokens / (gpu.peak_tflops * 1e12 * gpu.compute_share)
+
