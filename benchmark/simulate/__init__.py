@@ -12,6 +12,7 @@ measured makespans; `project.py` projects speedups across per-worker batch sizes
 
     facts.py     acceptance facts (and drafting costs) from a run directory's outputs
     costs.py     cost models: verify (rows, width, context), drafting, prefill, host work per round
+    shapes.py    a model's roofline shape (weights, FLOPs and KV bytes per token)
     replay.py    the engine's loop on a simulated clock, with a target and drafters that replay facts
     report.py    validation and projection tables
     cli.py       `specactor simulate`

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -20,19 +21,22 @@ COST_HELP = ("cpu: the engine's profile on the machine that gathered the facts (
              "(e.g. bench/gpu/h200-2026-11-26/run1-tests-tables/cost_qwen2.5-1.5b.json) with roofline drafting.")
 
 
-def _cost_model(spec: str, facts: Facts) -> CostModel:
+def _cost_model(spec: str, facts: Facts, overhead_ms: float | None) -> CostModel:
     kind, _, arg = spec.partition(":")
     if kind == "cpu":
         return profile_costs(facts)
+    gpu = GPUS.get(arg if kind == "roofline" else "h100")
+    if gpu is None:
+        raise typer.BadParameter(f"unknown GPU {arg!r}; known: {', '.join(GPUS)}", param_hint="--cost")
+    if overhead_ms is not None:
+        gpu = dataclasses.replace(gpu, overhead_s=overhead_ms / 1e3)
     if kind == "roofline":
-        if arg not in GPUS:
-            raise typer.BadParameter(f"unknown GPU {arg!r}; known: {', '.join(GPUS)}", param_hint="--cost")
-        return roofline_costs(facts, GPUS[arg])
+        return roofline_costs(facts, gpu)
     if kind == "table":
         path = Path(arg)
         if not path.is_file():
             raise typer.BadParameter(f"{path}: no such cost table", param_hint="--cost")
-        return table_costs(facts, path, GPUS["h100"])
+        return table_costs(facts, path, gpu)
     raise typer.BadParameter(f"{spec!r}: expected cpu, roofline:GPU or table:PATH", param_hint="--cost")
 
 
@@ -67,6 +71,9 @@ def simulate(
                                         "1,2,4,8,16): each system's speedup against `ar` at each."),
     host_scale: float = typer.Option(1.0, min=0.0, help="Weight of the engine's host work as timed here (1: as "
                                      "measured on this CPU; 0: a free host, the device alone)."),
+    overhead_ms: Optional[float] = typer.Option(None, min=0.0, help="A GPU forward's fixed cost in ms (launches, "
+                                                "host): roofline forwards and draft steps, and table drafting "
+                                                "(default 2.0, costs.Gpu)."),
     gather_facts: bool = typer.Option(False, "--gather", help="Gather the acceptance facts again (loads the "
                                       "models; done anyway when DIR has no facts.json)."),
     out: Optional[Path] = typer.Option(None, help="Write simulate.json / projection.md here (default: DIR)."),
@@ -99,7 +106,7 @@ def simulate(
     if missing:
         typer.echo(f"note: no facts for {', '.join(missing)}'s draft sources (run with --gather); left out")
     names = [s for s in names if s not in missing]
-    costs = _cost_model(cost, facts)
+    costs = _cost_model(cost, facts, overhead_ms)
     target_dir = out or run_dir
     target_dir.mkdir(parents=True, exist_ok=True)
     header = {"from": str(run_dir), "cost": costs.name, "notes": costs.notes, "host_scale": host_scale}
@@ -124,7 +131,8 @@ def simulate(
         projected = project(facts, costs, batches, names, host_scale, progress=lambda _: None)
         text = projection_markdown(projected, costs, facts, host_scale)
         typer.echo(text)
-        slug = re.sub(r"[^A-Za-z0-9.]+", "-", f"{cost.rsplit('/', 1)[-1]}-host{host_scale:g}").strip("-")
+        overhead = f"-overhead{overhead_ms:g}ms" if overhead_ms is not None and cost != "cpu" else ""
+        slug = re.sub(r"[^A-Za-z0-9.]+", "-", f"{cost.rsplit('/', 1)[-1]}{overhead}-host{host_scale:g}").strip("-")
         (target_dir / f"projection-{slug}.md").write_text(text, encoding="utf-8")
         _write_json(target_dir / f"projection-{slug}.json", {**header, "projection": projected})
 

@@ -263,7 +263,7 @@ def _prefill_rate(runner: Any, prompt: list[int], repeats: int = 2) -> float:
 def _shape(drafter: Any) -> dict[str, int] | None:
     """A draft model's roofline shape: its decoder layers, its head over the vocabulary it drafts from (and
     a feature-level drafter's input projection); None for model-free drafters."""
-    from benchmark.simulate.costs import ModelShape
+    from benchmark.simulate.shapes import ModelShape
 
     if drafter.model_free or getattr(drafter, "runner", None) is None:
         return None

@@ -16,7 +16,8 @@ import torch
 from typer.testing import CliRunner
 
 from benchmark.cli import app as bench_app
-from benchmark.simulate.costs import GPUS, CostModel, DraftCost, ModelShape, roofline_profile
+from benchmark.simulate.costs import GPUS, CostModel, DraftCost, roofline_profile
+from benchmark.simulate.shapes import ModelShape
 from benchmark.simulate.facts import Facts, SequenceFacts, gather, match_length, oracle_facts
 from benchmark.simulate.replay import SimClock, replay
 from specactor_engine import clock
@@ -168,10 +169,14 @@ def test_cli_validate_prints_a_line_per_system_and_the_max_error(bench_dir, fact
 
 def test_cli_projects_on_a_roofline_gpu(bench_dir, facts, tmp_path):
     result = CliRunner().invoke(_app(), ["simulate", "--from", str(bench_dir), "--cost", "roofline:h100",
-                                         "--batch", "1,4", "--systems", "ar,oracle-dynamic", "--out", str(tmp_path)])
+                                         "--overhead-ms", "0.5", "--batch", "1,4", "--systems", "ar,oracle-dynamic",
+                                         "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
-    text = (tmp_path / "projection-roofline-h100-host1.md").read_text()
-    assert "Projection (not a measurement)" in text and "| 4 |" in text
+    text = (tmp_path / "projection-roofline-h100-overhead0.5ms-host1.md").read_text()
+    assert "Projection (not a measurement)" in text and "| 4 |" in text and "0.5 ms per forward" in text
+    rows = json.loads((tmp_path / "projection-roofline-h100-overhead0.5ms-host1.json").read_text())["projection"]
+    assert {(r["batch"], r["system"]) for r in rows} == {(b, s) for b in (1, 4) for s in ("ar", "oracle-dynamic")}
+    assert all(r["speedup"] > 0 for r in rows)
 
 
 def test_cli_names_the_folder_it_cannot_read(tmp_path):
