@@ -71,6 +71,7 @@ def simulate(
                                         "1,2,4,8,16): each system's speedup against `ar` at each."),
     host_scale: float = typer.Option(1.0, min=0.0, help="Weight of the engine's host work as timed here (1: as "
                                      "measured on this CPU; 0: a free host, the device alone)."),
+    replays: int = typer.Option(3, min=1, help="Replays per system in --validate; the prediction is their median."),
     overhead_ms: Optional[float] = typer.Option(None, min=0.0, help="A GPU forward's fixed cost in ms (launches, "
                                                 "host): roofline forwards and draft steps, and table drafting "
                                                 "(default 2.0, costs.Gpu)."),
@@ -114,7 +115,8 @@ def simulate(
         typer.echo("nothing asked: add --validate and/or --batch (see --help)")
         return
     if validate_:
-        rows = validate(run_dir, facts, costs, names, progress=lambda _: None)
+        rows = validate(run_dir, facts, costs, names, replays=replays,
+                        progress=lambda line: typer.echo(line) if line.startswith("`ar`") else None)
         if not rows:
             typer.echo(f"error: {run_dir} has no measured system the facts can replay ({', '.join(names)})", err=True)
             raise typer.Exit(2)

@@ -15,9 +15,9 @@ are stood in for:
 The clock (`SimClock`, installed as the engine's clock: specactor_engine/clock.py) is modelled seconds
 plus the host time the replay really spends in the engine's code, scaled by `host_scale` (1: the host work costs here what it
 costs in the engine; 0: a free host), and paused inside the stand-ins. That host work includes the
-acceptance rule's sampling over the stand-in's logits: the engine's verify profile, though it times a
-forward and its sampling, matches what runs measure for the forward alone (within 1-3% on traces A and
-D, docs/simulate.md), so its figure is charged for the forward and the sampling is run. Not replayed: drafter
+acceptance rule's sampling over the stand-in's full-vocabulary logits, unless the cost model's verify
+figure already holds it (`sampling_in_profile`; `calibrate_sampling` decides from a directory's `ar` run,
+docs/simulate.md section 2). Not replayed: drafter
 worker processes (dynamic decoupling; the replay runs their modes in process) and a draft model's
 catch-up forwards after rounds it did not draft (facts.py).
 """
@@ -281,6 +281,30 @@ class Replayed:
     output_tokens: int
     identical: bool
     stats: dict[str, Any]
+    sampling_s: float = 0.0  # wall seconds the acceptance rule's sampling took (charged or not: sampling_in_profile)
+
+
+@contextlib.contextmanager
+def _timed_sampling(clock: SimClock, paused: bool, spent: list[float]) -> Iterator[None]:
+    """Time the acceptance rule's sampling (`spent[0]`), with the clock paused when the cost model's verify
+    figure already holds it."""
+    import specactor_engine.verifier as verifier
+
+    original = verifier.sample_tokens
+
+    def timed(*args: Any, **kwargs: Any) -> torch.Tensor:
+        with clock.paused() if paused else contextlib.nullcontext():
+            started = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                spent[0] += time.perf_counter() - started
+
+    verifier.sample_tokens = timed
+    try:
+        yield
+    finally:
+        verifier.sample_tokens = original
 
 
 _warmed: set[tuple[int, int, int]] = set()
@@ -305,8 +329,13 @@ def _warm_up(sampling: Any, vocab_size: int, rows: int, max_k: int) -> None:
 
 
 def replay(system: str, facts: Facts, costs: CostModel, max_batch_size: int | None = None,
-           host_scale: float = 1.0, compact_vocab: bool = False, truth: list[list[int]] | None = None) -> Replayed:
+           host_scale: float = 1.0, compact_vocab: bool = False, truth: list[list[int]] | None = None,
+           sampling_in_profile: bool = False) -> Replayed:
     """Replay `system` on the facts' sequences under `costs` (module docstring).
+
+    sampling_in_profile: the cost model's verify figure stands for the forward and its sampling (the clock
+    pauses while the replay samples); False: for the forward alone (the sampling is run as host work).
+    `calibrate_sampling` tells which reading matches a machine's measured forwards.
 
     compact_vocab: logits over only the ids the facts use (Facts.compact): much less host work per round at
     many rows, so the host time measured leaves out the log-probabilities over the full vocabulary a real
@@ -358,7 +387,8 @@ def replay(system: str, facts: Facts, costs: CostModel, max_batch_size: int | No
                              f"{table.max_context}; this replay needs {min(len(sequences), batch)} rows and {longest}")
         engine._ensure_length_policy(min(len(sequences), batch), longest)
     _warm_up(sampling, facts.vocab_size, min(len(sequences), batch), engine.num_draft_tokens)
-    with engine_clock.replaced(clock.now):
+    spent = [0.0]
+    with engine_clock.replaced(clock.now), _timed_sampling(clock, sampling_in_profile, spent):
         started = clock.now()
         run = Run(engine, sampling, stats, engine._reserve(sequences, sampling), started)
         runner.state = run.state
@@ -369,4 +399,17 @@ def replay(system: str, facts: Facts, costs: CostModel, max_batch_size: int | No
     stats.output_tokens = sum(len(seq.output_ids) for seq in sequences)
     return Replayed(system, stats.total_s, clock.modelled, clock.host * host_scale, stats.verify_rounds,
                     stats.to_dict().get("mean_acceptance_length", 0.0), stats.output_tokens, identical,
-                    stats.to_dict())
+                    stats.to_dict(), spent[0])
+
+
+def calibrate_sampling(facts: Facts, costs: CostModel, measured_forward_s: float) -> tuple[bool, str]:
+    """Whether the cost model's verify figure holds the sampling on this machine: an `ar` replay's summed
+    verify charges P and its sampling time S against the forward seconds an `ar` run measured (its
+    `verify_s`, the forward alone). The engine's profile times a forward and its sampling in isolation; on
+    the bf16 traces of this machine the runs' forwards alone come out at that figure (P, so the sampling is
+    extra), on the fp32 SmolLM2 trace at the figure less the sampling (P - S). Returns the reading and why."""
+    result = replay("ar", facts, costs, host_scale=0.0)  # verify_s: the charges alone
+    charged, sampled = result.stats["verify_s"], result.sampling_s
+    holds = abs(measured_forward_s - (charged - sampled)) < abs(measured_forward_s - charged)
+    return holds, (f"`ar`: measured forwards {measured_forward_s:.1f} s; profile {charged:.1f} s, less its "
+                   f"sampling {charged - sampled:.1f} s: the profile {'holds' if holds else 'leaves out'} the sampling")

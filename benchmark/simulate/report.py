@@ -10,7 +10,7 @@ from typing import Any, Callable, Sequence
 
 from benchmark.simulate.costs import CostModel
 from benchmark.simulate.facts import Facts
-from benchmark.simulate.replay import Replayed, replay, sources_of, variant
+from benchmark.simulate.replay import Replayed, calibrate_sampling, replay, sources_of, variant
 
 VALIDATED = ("ar", "coupled", "coupled-feature", "specactor", "oracle-dynamic")
 # public GPU results a projection is read beside (labelled as theirs, not reproduced here)
@@ -29,12 +29,13 @@ class ValidationRow:
     measured_s: float
     predicted_s: float
     error: float  # (predicted - measured) / measured
-    replayed: Replayed
+    replayed: Replayed  # the median replay
+    replays: list[float]  # every replay's makespan, ascending
 
     def line(self) -> str:
         return (f"{self.system:<16} measured {self.measured_s:7.1f} s  predicted {self.predicted_s:7.1f} s  "
                 f"error {self.error * 100:+6.1f}%  (accept len {self.replayed.mean_accept_len:.2f}, "
-                f"rounds {self.replayed.rounds})")
+                f"rounds {self.replayed.rounds}, replays {min(self.replays):.1f}-{max(self.replays):.1f} s)")
 
 
 def measured_makespans(run_dir: Path) -> dict[str, float]:
@@ -65,12 +66,27 @@ def replayable(system: str, facts: Facts) -> bool:
     return v.mode == "ar" or bool(sources_of(system, facts))
 
 
+def measured_forward_s(run_dir: Path, system: str = "ar") -> float | None:
+    """The forward seconds (engine `verify_s`) of the system's first run, if the directory has one."""
+    path = run_dir / "runs" / f"{system}-0.json"
+    if not path.exists():
+        return None
+    return float(json.loads(path.read_text(encoding="utf-8"))["engine_stats"]["verify_s"])
+
+
 def validate(run_dir: Path, facts: Facts, costs: CostModel, systems: Sequence[str] | None = None,
-             progress: Callable[[str], None] = print) -> list[ValidationRow]:
-    """Replay every measured engine system of the directory (or `systems`) under `costs`."""
+             progress: Callable[[str], None] = print, replays: int = 3) -> list[ValidationRow]:
+    """Replay every measured engine system of the directory (or `systems`) under `costs`, `replays` times:
+    the prediction is their median (a replay's policy reacts to its own host timings, as a run's does, so
+    replays of one system differ by a few percent)."""
     measured = measured_makespans(run_dir)
     names = [s for s in (systems or measured) if s in measured and replayable(s, facts)]
     rows = []
+    forward = measured_forward_s(run_dir)
+    holds = False
+    if forward is not None:
+        holds, why = calibrate_sampling(facts, costs, forward)
+        progress(why)
     for name in names:
         progress(f"replaying {name} ...")
         # an oracle drafts the reference outputs, and where its own outputs part from them (bf16 near-ties) its
@@ -78,11 +94,15 @@ def validate(run_dir: Path, facts: Facts, costs: CostModel, systems: Sequence[st
         # prefix it committed, and its facts along `ar`'s outputs stand for its own (a near-tie of the target
         # moves the outputs, not how well a drafter follows them)
         truth = own_outputs(run_dir, name, facts) if variant(name).needs_reference else None
-        result = replay(name, facts, costs, truth=truth)
-        if not result.identical:
+        results = sorted((replay(name, facts, costs, truth=truth, sampling_in_profile=holds)
+                          for _ in range(max(replays, 1))),
+                         key=lambda r: r.makespan_s)
+        if not all(r.identical for r in results):
             raise RuntimeError(f"{name}: the replay emitted other tokens than the run (a replay bug)")
+        result = results[len(results) // 2]
         rows.append(ValidationRow(name, measured[name], result.makespan_s,
-                                  (result.makespan_s - measured[name]) / measured[name], result))
+                                  (result.makespan_s - measured[name]) / measured[name], result,
+                                  [r.makespan_s for r in results]))
     return rows
 
 
@@ -135,5 +155,5 @@ def rows_json(rows: list[ValidationRow]) -> list[dict[str, Any]]:
         replayed = asdict(r.replayed)
         replayed.pop("stats", None)
         out.append({"system": r.system, "measured_s": r.measured_s, "predicted_s": r.predicted_s, "error": r.error,
-                    **{k: v for k, v in replayed.items() if k != "system"}})
+                    "replays_s": r.replays, **{k: v for k, v in replayed.items() if k != "system"}})
     return out

@@ -127,6 +127,19 @@ def test_a_dear_verify_makes_the_dynamic_policy_speculate_and_a_dear_draft_stops
     assert plain > dear.rounds // 2
 
 
+def test_the_sampling_calibration_picks_the_reading_closer_to_the_measured_forwards(facts):
+    """P = the profile's charges over an `ar` replay, S = its sampling time: measured forwards at P mean the
+    profile is the forward alone (the replay samples on the clock), at P - S that it holds the sampling."""
+    from benchmark.simulate.replay import calibrate_sampling
+
+    costs = flat_costs(facts, verify_s=0.05)
+    probe = replay("ar", facts, costs, host_scale=0.0)
+    charged, sampled = probe.stats["verify_s"], probe.sampling_s
+    assert sampled > 0 and charged == pytest.approx(probe.rounds * 0.05)
+    assert calibrate_sampling(facts, costs, charged)[0] is False
+    assert calibrate_sampling(facts, costs, charged - 3 * sampled)[0] is True
+
+
 def test_sim_clock_counts_host_time_only_outside_paused_blocks():
     sim = SimClock(host_scale=0.0)
     sim.advance(2.5)
@@ -158,13 +171,15 @@ def test_draft_cost_interpolates_between_measured_rows():
 
 
 def test_cli_validate_prints_a_line_per_system_and_the_max_error(bench_dir, facts):
-    result = CliRunner().invoke(_app(), ["simulate", "--from", str(bench_dir), "--validate"])
+    result = CliRunner().invoke(_app(), ["simulate", "--from", str(bench_dir), "--validate", "--replays", "2"])
     assert result.exit_code == 0, result.output
-    lines = [line for line in result.output.splitlines() if "measured" in line]
+    lines = [line for line in result.output.splitlines() if " predicted " in line]
     assert {line.split()[0] for line in lines} == set(SYSTEMS)
     assert result.output.strip().splitlines()[-1].startswith("max error: ")
     saved = json.loads((bench_dir / "simulate-validate.json").read_text())
     assert {r["system"] for r in saved["validation"]} == set(SYSTEMS)
+    for row in saved["validation"]:
+        assert len(row["replays_s"]) == 2 and min(row["replays_s"]) <= row["predicted_s"] <= max(row["replays_s"])
 
 
 def test_cli_projects_on_a_roofline_gpu(bench_dir, facts, tmp_path):
