@@ -36,6 +36,7 @@ import torch
 
 from benchmark.interface import RunSpec
 from benchmark.traces import build_requests, sampling_config
+from specactor_engine.policies.shadow import matched_prefix
 from specactor_engine.sampling import SamplingParams, sequence_key
 from specactor_engine.tokenize import encode_request
 
@@ -143,16 +144,6 @@ class Facts:
                                                "commit_timing": [tuple(c) for c in d.get("commit_timing", [])]})
                             for k, d in data["drafters"].items()}
         return cls(**data)
-
-
-def match_length(drafts: Sequence[int], truth: Sequence[int]) -> int:
-    """Leading drafts equal to the output tokens at their positions."""
-    n = 0
-    for draft, token in zip(drafts, truth):
-        if draft != token:
-            break
-        n += 1
-    return n
 
 
 def oracle_facts(sequences: Sequence[SequenceFacts], max_k: int) -> DrafterFacts:
@@ -336,7 +327,7 @@ def _lockstep(engine: Any, sequences: list[SequenceFacts], max_k: int, params: S
             for row, i in enumerate(active.tolist()):
                 got = min(int(supplied[row]), int(caps[row]))
                 fact.supplied[i][position] = got
-                fact.accepted[i][position] = match_length(tokens[row][:got], outputs[i][position: position + got])
+                fact.accepted[i][position] = matched_prefix(tokens[row][:got], outputs[i][position: position + got])
         nxt = torch.tensor([outputs[i][position] for i in active.tolist()])
         state.append(active, nxt[:, None], torch.ones(len(active), dtype=torch.long))
         for d in drafters:

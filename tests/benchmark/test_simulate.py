@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from benchmark.cli import app as bench_app
 from benchmark.simulate.costs import GPUS, CostModel, DraftCost, roofline_profile
 from benchmark.simulate.shapes import ModelShape
-from benchmark.simulate.facts import Facts, SequenceFacts, gather, match_length, oracle_facts
+from benchmark.simulate.facts import Facts, SequenceFacts, gather, oracle_facts
 from benchmark.simulate.replay import SimClock, replay
 from specactor_engine import clock
 from specactor_engine.policies.verify_length import CostProfile, CostTable
@@ -58,12 +58,6 @@ def flat_costs(facts: Facts, verify_s: float = 0.01, draft_step_s: float = 0.002
     table = CostTable((1, 64), widths, ((verify_s,) * len(widths), (verify_s,) * len(widths)), 4096)
     drafting = {source: DraftCost((1,), (draft_step_s,)) for source in facts.drafters}
     return CostModel("flat", CostProfile((table,)), prefill_token_s, drafting)
-
-
-def test_match_length_counts_leading_equal_tokens():
-    assert match_length([5, 6, 7], [5, 6, 8, 9]) == 2
-    assert match_length([1], [2]) == 0
-    assert match_length([], [1, 2]) == 0
 
 
 def test_facts_hold_every_sequence_and_source(bench_dir, facts):
