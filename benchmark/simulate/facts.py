@@ -13,10 +13,9 @@ output token, so each drafter is asked at every position of every sequence with 
 drafter's k-th draft depends on its own earlier drafts; since a draft only counts when those were
 accepted (equal to the output), drafting from the committed prefix is what the engine would do. A
 feature-level drafter reads the target's hidden states: one teacher-forced target pass over every
-sequence records them first. Two approximations, both small where measured (docs/simulate.md): the
-suffix drafter's corpus holds the group siblings as far as lockstep has taken them (the engine's
-siblings run at their own pace), and catch-up forwards of a draft model that skipped rounds are not
-replayed.
+sequence records them first. One approximation (docs/simulate.md): the suffix drafter's corpus holds
+the group siblings as far as lockstep has taken them (the engine's siblings run at their own pace). A
+draft model's catch-up after rounds it did not draft is no acceptance fact: the replay charges it.
 
 Each drafter's `propose` calls are timed during the pass (rows x k x seconds): the CPU cost model's
 drafting costs, measured on the same machine as the profile (costs.py).

@@ -13,13 +13,13 @@ are stood in for:
   drafting seconds.
 
 The clock (`SimClock`, installed as the engine's clock: specactor_engine/clock.py) is modelled seconds
-plus the host time the replay really spends in the engine's code, scaled by `host_scale` (1: the host work costs here what it
-costs in the engine; 0: a free host), and paused inside the stand-ins. That host work includes the
-acceptance rule's sampling over the stand-in's full-vocabulary logits, unless the cost model's verify
-figure already holds it (`sampling_in_profile`; `calibrate_sampling` decides from a directory's `ar` run,
-docs/simulate.md section 2). Not replayed: drafter
-worker processes (dynamic decoupling; the replay runs their modes in process) and a draft model's
-catch-up forwards after rounds it did not draft (facts.py).
+plus the host time the replay really spends in the engine's code, scaled by `host_scale` (1: the host
+work costs here what it costs in the engine; 0: a free host), and paused inside the stand-ins. That host
+work includes the acceptance rule's sampling over the stand-in's full-vocabulary logits, unless the cost
+model's verify figure already holds it (`sampling_in_profile`; `calibrate_sampling` decides from a
+directory's `ar` run, docs/simulate.md section 2). A draft model's catch-up forward (rows it has not fed
+since rounds other methods drafted, or a deferred prefill) is charged at its prefill rate. Not replayed:
+drafter worker processes (dynamic decoupling; the replay runs their modes in process).
 """
 
 from __future__ import annotations
