@@ -1,0 +1,120 @@
+"""Update throughput: response tokens per second of the trainer's GRPO step, variants side by side.
+
+    python -m benchmark.update_throughput                      # the `make run` config: SmolLM2-135M, fp32, ZeRO-2
+    python -m benchmark.update_throughput --variants float32,bfloat16 --steps 3 --out bench/update.json
+
+Each variant builds the trainer `specactor train` builds (`tasks.host.build_trainer`: DeepSpeed) from the config's
+`train.optim` with the overrides the variant names (`dtype` or `dtype:zero_stage:micro_batch_size`) and times
+`step` on one synthetic batch shaped like a `make run` step (prompts x samples, prompt and output lengths),
+after one untimed warm-up step. Variants run in turn in this process, so they see the same machine state;
+the medians and the others' CPU share are printed and saved. Speed lives here, not in tests
+(tests/tasks/test_trainer.py holds what the update computes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmark.machine import busy_cpu_s, machine_info
+from specactor_engine.config import OptimConfig, SpecActorConfig, load_config
+from specactor_engine.model.registry import resolve_model
+from tasks.host import build_trainer
+from tasks.trainer import RolloutBatch
+
+DEFAULT_CONFIG = "configs/train_smollm2.yaml"
+
+
+def synthetic_batch(samples: int, prompt_tokens: int, output_tokens: int, vocab_size: int, seed: int = 0
+                    ) -> RolloutBatch:
+    """`samples` rows of random ids (speed does not depend on the values), output lengths spread around
+    `output_tokens` (0.5x-1.5x) as a rollout's are, advantages of both signs."""
+    gen = torch.Generator().manual_seed(seed)
+    prompts, outputs = [], []
+    for i in range(samples):
+        length = max(1, int(output_tokens * (0.5 + i / max(samples - 1, 1))))
+        prompts.append(torch.randint(vocab_size, (prompt_tokens,), generator=gen).tolist())
+        outputs.append(torch.randint(vocab_size, (length,), generator=gen).tolist())
+    advantages = [(-1.0) ** i * (1 + i % 4) / 4 for i in range(samples)]
+    return RolloutBatch(prompts, outputs, [[-1.0] * len(o) for o in outputs], advantages)
+
+
+def parse_variant(text: str, base: OptimConfig) -> tuple[str, OptimConfig]:
+    """`dtype[:zero_stage[:micro_batch_size]]` over the config's optim settings."""
+    parts = text.split(":")
+    fields: dict[str, Any] = {"dtype": parts[0]}
+    if len(parts) > 1 and parts[1]:
+        fields["zero_stage"] = int(parts[1])
+    if len(parts) > 2 and parts[2]:
+        fields["micro_batch_size"] = int(parts[2])
+    return text, base.model_copy(update=fields)
+
+
+def measure(config: SpecActorConfig, model_path: Path, optim: OptimConfig, batch: RolloutBatch, steps: int
+            ) -> dict[str, Any]:
+    """The trainer `specactor train` builds (tasks/host.py), with `optim`, timed on `batch`."""
+    variant = config.model_copy(update={"train": config.train.model_copy(update={"optim": optim})})
+    trainer = build_trainer(variant, model_path)
+    trainer.step(batch)  # warm-up: allocations, first-call dispatch
+    seconds = []
+    busy_before, own_before, wall_before = busy_cpu_s(), time.process_time(), time.perf_counter()
+    for _ in range(steps):
+        started = time.perf_counter()
+        trainer.step(batch)
+        seconds.append(time.perf_counter() - started)
+    wall = time.perf_counter() - wall_before
+    others = None
+    if busy_before is not None:
+        busy = busy_cpu_s() - busy_before  # type: ignore[operator]
+        capacity = wall * torch.get_num_threads()
+        others = max(0.0, min(1.0, (busy - (time.process_time() - own_before)) / capacity)) if capacity else None
+    median = statistics.median(seconds)
+    return {"step_s": seconds, "median_step_s": median, "tokens_per_s": batch.num_output_tokens / median,
+            "others_cpu_share": others}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", default=DEFAULT_CONFIG, help="a train config (its model and train.optim)")
+    parser.add_argument("--variants", default="float32", help="comma-separated dtype[:zero_stage[:micro_batch]]")
+    parser.add_argument("--prompts", type=int, default=None, help="default: train.prompts_per_step")
+    parser.add_argument("--samples", type=int, default=None, help="per prompt; default: sampling.n")
+    parser.add_argument("--prompt-tokens", type=int, default=60)
+    parser.add_argument("--output-tokens", type=int, default=80, help="mean output length")
+    parser.add_argument("--steps", type=int, default=3, help="timed steps per variant (after one warm-up)")
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--out", type=Path, default=None, help="write the results here as JSON")
+    args = parser.parse_args(argv)
+    config = load_config(args.config)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model_path = resolve_model(config.model.target, dtype="float32", cache_dir=config.model.cache_dir)
+    vocab = int(json.loads((Path(model_path) / "config.json").read_text())["vocab_size"])
+    rows = (args.prompts or config.train.prompts_per_step) * (args.samples or config.sampling.n)
+    batch = synthetic_batch(rows, args.prompt_tokens, args.output_tokens, vocab)
+    print(f"{config.model.target}: {rows} samples, {batch.num_output_tokens} response tokens, "
+          f"{torch.get_num_threads()} threads")
+    results = []
+    for text in args.variants.split(","):
+        name, optim = parse_variant(text.strip(), config.train.optim)
+        result = {"variant": name, "optim": optim.model_dump(mode="json"),
+                  **measure(config, model_path, optim, batch, args.steps)}
+        results.append(result)
+        others = result["others_cpu_share"]
+        print(f"{name:<24} {result['median_step_s']:7.2f} s/step  {result['tokens_per_s']:8.1f} tokens/s"
+              + (f"  others' CPU {others:.0%}" if others is not None else ""), flush=True)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"machine": machine_info(torch.get_num_threads()), "config": args.config,
+                                        "samples": rows, "response_tokens": batch.num_output_tokens,
+                                        "results": results}, indent=1) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
