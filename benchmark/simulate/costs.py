@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import bisect
 import json
-import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -110,27 +109,26 @@ class DraftCost:
 
     @classmethod
     def from_facts(cls, facts: DrafterFacts) -> "DraftCost":
-        """From the timing grid (k = 1 and k = max_k at each row count) when the facts have one, else the
-        lockstep's calls (median seconds per step at each row count, the first call left out)."""
+        """From the facts' timing grid: at each row count, k = 1 and k = max_k give the part paid once per call
+        and the part per draft step."""
         grid: dict[int, dict[int, float]] = {}
         for rows, k, seconds in facts.timing:
             grid.setdefault(int(rows), {})[int(k)] = seconds
-        if grid and all(len(ks) == 2 for ks in grid.values()):
-            rows = tuple(sorted(grid))
-            steps, onces = [], []
-            for r in rows:
-                (k1, t1), (k2, t2) = sorted(grid[r].items())
-                step = max((t2 - t1) / (k2 - k1), 0.0)
-                steps.append(step)
-                onces.append(max(t1 - k1 * step, 0.0))
-            commits = sorted((int(r), t) for r, t in facts.commit_timing)
-            return cls(rows, tuple(steps), tuple(onces), facts.prefill_s_per_token,
-                       tuple(r for r, _ in commits), tuple(t for _, t in commits))
-        per_rows: dict[int, list[float]] = {}
-        for rows_, k, seconds in facts.calls[1:]:
-            per_rows.setdefault(int(rows_), []).append(seconds / k)
-        rows = tuple(sorted(per_rows))
-        return cls(rows, tuple(statistics.median(per_rows[r]) for r in rows), (), facts.prefill_s_per_token)
+        steps, onces = [], []
+        for r in sorted(grid):
+            cells = sorted(grid[r].items())
+            if len(cells) == 1:  # max_k = 1: one call shape, all of it per step
+                (k, t), = cells
+                steps.append(t / k)
+                onces.append(0.0)
+                continue
+            (k1, t1), (k2, t2) = cells[0], cells[-1]
+            step = max((t2 - t1) / (k2 - k1), 0.0)
+            steps.append(step)
+            onces.append(max(t1 - k1 * step, 0.0))
+        commits = sorted((int(r), t) for r, t in facts.commit_timing)
+        return cls(tuple(sorted(grid)), tuple(steps), tuple(onces), facts.prefill_s_per_token,
+                   tuple(r for r, _ in commits), tuple(t for _, t in commits))
 
     @classmethod
     def roofline(cls, shape: ModelShape, gpu: Gpu, max_rows: int = 256) -> "DraftCost":
@@ -155,7 +153,7 @@ def profile_costs(facts: Facts) -> CostModel:
     if facts.cpu_profile is None:
         raise ValueError("these facts hold no CPU profile (gathered without the target?)")
     profile = CostProfile.from_dict(facts.cpu_profile)
-    drafting = {source: DraftCost.from_facts(d) for source, d in facts.drafters.items() if d.calls or d.timing}
+    drafting = {source: DraftCost.from_facts(d) for source, d in facts.drafters.items() if d.timing}
     return CostModel("cpu profile", profile, facts.target_prefill_s_per_token, drafting,
                      [f"verify: the engine's profile on {facts.machine.get('cpu_model', 'this CPU')}; drafting: "
                       "calls timed while gathering the facts; host work: the replay's own, timed here"])

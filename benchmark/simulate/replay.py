@@ -79,8 +79,6 @@ class _Cache:
 
     def __init__(self, num_slots: int, max_len: int, owner: dict[int, int]) -> None:
         self.lengths = torch.zeros(num_slots, dtype=torch.long)
-        self.max_len = max_len
-        self.num_slots = num_slots
         self.owner = owner
 
     def copy_prefix(self, src: torch.Tensor, dst: torch.Tensor, counts: torch.Tensor) -> None:
@@ -105,7 +103,6 @@ class ReplayRunner:
         self.owner: dict[int, int] = {}  # scratch slot -> the row whose prefix it holds
         self.cache = _Cache(0, 0, self.owner)
         self.state: SequenceState | None = None  # the run's committed tokens (set before decoding)
-        self.verify_calls: list[tuple[int, int, int]] = []  # (rows, width, context) of every verify forward
 
     @property
     def lengths(self) -> torch.Tensor:
@@ -138,7 +135,6 @@ class ReplayRunner:
                 logits[torch.arange(rows), torch.tensor(wanted)] = 0.0
                 return logits
             context = int(start.max())
-            self.verify_calls.append((rows, width, context))
             self.clock.advance(self.costs.verify(rows, width, context))
             logits = torch.full((rows, width, self.vocab_size), NEVER)
             for r, (key, s) in enumerate(zip(keys, start.tolist())):
@@ -233,7 +229,6 @@ class _Tokenizer:
     def __init__(self, vocab_size: int, eos_ids: list[int]) -> None:
         self.vocab_size = vocab_size
         self.eos_token_id = eos_ids[0] if eos_ids else None
-        self.all_special_ids = list(eos_ids)
 
     def __len__(self) -> int:
         return self.vocab_size
