@@ -138,6 +138,18 @@ class Proposer:
                 options.append(option)
         return options
 
+    def catch_up_estimate_s(self, slots: torch.Tensor, option: list[str | None]) -> float:
+        """Seconds the draft models of `option` (each row's method [R]) would spend catching up on what the rows
+        committed while other methods drafted, before drafting this round (Drafter.catch_up_estimate_s)."""
+        total = 0.0
+        for drafter in self.drafters:
+            if drafter.model_free:
+                continue
+            mine = [row for row, method in enumerate(option) if method == drafter.name]
+            if mine:
+                total += drafter.catch_up_estimate_s(self.state, slots[mine])
+        return total
+
     def _methods(self, workers_on: bool) -> list[str]:
         """The draft methods a round may use: the in-process drafters, after the workers' drafts when they run."""
         names = [d.name for d in self.drafters]

@@ -172,7 +172,16 @@ class ReplayDrafter(Drafter):
                 self.fed[slot] = int(state.prompt_lengths[slot]) if prefill else 0
             if prefill:
                 prompts = {tuple(state.tokens[s, : int(state.prompt_lengths[s])].tolist()) for s in slots.tolist()}
-                self.clock.advance(self.costs.draft_prefill(self.source, sum(len(p) for p in prompts)))
+                tokens = sum(len(p) for p in prompts)
+                seconds = self.costs.draft_prefill(self.source, tokens)
+                self.clock.advance(seconds)
+                self.observe_feed(seconds, tokens)
+
+    def behind(self, state: SequenceState, slots: torch.Tensor) -> torch.Tensor:
+        if self.model_free:
+            return super().behind(state, slots)
+        return torch.tensor([max(int(state.lengths[s]) - self.fed.get(s, 0), 0) for s in slots.tolist()],
+                            dtype=torch.long)
 
     def observe_commit(self, state: SequenceState, slots: torch.Tensor) -> None:
         with self.clock.paused():
@@ -186,7 +195,11 @@ class ReplayDrafter(Drafter):
             committed = int(state.lengths[slot])
             behind += max(committed - self.fed.get(slot, 0) - (k + 1), 0)
             self.fed[slot] = committed
-        return self.costs.draft_prefill(self.source, behind) if behind else 0.0
+        if not behind:
+            return 0.0
+        seconds = self.costs.draft_prefill(self.source, behind)
+        self.observe_feed(seconds, behind)
+        return seconds
 
     def propose(self, state: SequenceState, request: DraftRequest) -> DraftProposal:
         with self.clock.paused():

@@ -47,6 +47,9 @@ class DrafterContext:
     cache_dir: str | None = None
 
 
+FEED_DECAY = 0.3  # weight of the newest feed in `Drafter.feed_s_per_token`
+
+
 class Drafter(ABC):
     """One draft method."""
 
@@ -58,6 +61,8 @@ class Drafter(ABC):
     # seconds of the last `propose` spent catching up on tokens committed while other methods drafted (a
     # switching cost, kept apart from the steady drafting cost the verify length weighs)
     catch_up_s: float = 0.0
+    # seconds per token of its feeds outside drafting (prompt prefills, catch-ups), an EMA; None until one ran
+    feed_s_per_token: float | None = None
     # drafts from the target's own hidden states: the engine calls `bind_target` with its target runner
     needs_target: bool = False
     # `add_rows(..., prefill=False)` leaves the prompts to the catch-up of the rows' first drafting call (the
@@ -80,6 +85,25 @@ class Drafter(ABC):
 
     def observe_commit(self, state: SequenceState, slots: torch.Tensor) -> None:
         """state now holds the committed tokens of `slots` after a verify round."""
+
+    def behind(self, state: SequenceState, slots: torch.Tensor) -> torch.Tensor:
+        """Committed tokens of `slots` [R] its cache has not taken in yet: what the next `propose` for them
+        feeds before drafting (a draft model after rounds drafted by other methods; 0 without a cache)."""
+        return torch.zeros(len(slots), dtype=torch.long)
+
+    def catch_up_estimate_s(self, state: SequenceState, slots: torch.Tensor) -> float:
+        """Seconds the next `propose` for `slots` would spend catching up, at the measured feed rate (0 while
+        none was measured: the first call measures it)."""
+        if self.feed_s_per_token is None:
+            return 0.0
+        return float(self.behind(state, slots).sum()) * self.feed_s_per_token
+
+    def observe_feed(self, seconds: float, tokens: int) -> None:
+        """Fold one feed of `tokens` tokens that took `seconds` into `feed_s_per_token`."""
+        if tokens <= 0:
+            return
+        rate, old = seconds / tokens, self.feed_s_per_token
+        self.feed_s_per_token = rate if old is None else old + FEED_DECAY * (rate - old)
 
     def finish_rows(self, state: SequenceState, slots: torch.Tensor) -> None:
         """`slots` finished (state still holds their tokens); the slots may be reused next."""

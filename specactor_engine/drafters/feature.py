@@ -132,7 +132,10 @@ class FeatureDrafter(Drafter):
         if self.grows:
             self._vocab_seen[slots] = 0
             grow_vocab(self.vocab, self._vocab_seen, state, slots)
-        prefill_prompts(state, slots, self.runner, lambda _, rows, lengths: self._feed(state, rows, lengths, "none"))
+        started = time.perf_counter()
+        fed = prefill_prompts(state, slots, self.runner,
+                              lambda _, rows, lengths: self._feed(state, rows, lengths, "none"))
+        self.observe_feed(time.perf_counter() - started, fed)
 
     # ------------------------------------------------------------------ drafting
     def propose(self, state: SequenceState, request: DraftRequest) -> DraftProposal:
@@ -175,6 +178,10 @@ class FeatureDrafter(Drafter):
             for part in fitting_batches(start, upto - start, self.runner.cache.max_len):  # padded blocks fit the cache
                 self._feed(state, rows[part], upto[part], "none")
             self.catch_up_s = time.perf_counter() - started
+            self.observe_feed(self.catch_up_s, int((upto - start).sum()))
+
+    def behind(self, state: SequenceState, slots: torch.Tensor) -> torch.Tensor:
+        return (state.lengths[slots] - self.runner.lengths[slots]).clamp_min(0)
 
     def observe_commit(self, state: SequenceState, slots: torch.Tensor) -> None:
         if self.grows:  # the tokens the target committed since the last round join the vocabulary

@@ -46,13 +46,14 @@ def check_same_tokenizer(target_tokenizer: Any, draft_tokenizer: Any, draft_name
 
 
 def prefill_prompts(state: SequenceState, slots: torch.Tensor, runner: ModelRunner,
-                    prefill: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]) -> None:
+                    prefill: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]) -> int:
     """A drafter's prefill of the prompts of `slots` without their last token, once per distinct prompt (a GRPO
-    group): prefill(tokens [P, W], slots [P], lengths [P]) runs the leaders, the other rows copy their KV."""
+    group): prefill(tokens [P, W], slots [P], lengths [P]) runs the leaders, the other rows copy their KV.
+    Returns the tokens the leaders fed."""
     prompt_lengths = state.prompt_lengths[slots] - 1
     width = int(prompt_lengths.max())
     if width <= 0:
-        return
+        return 0
     tokens, _ = state.gather(slots, torch.zeros_like(slots), width)
     leader_of = share_prefill(tokens, prompt_lengths)  # [R] row whose prefill each row reuses
     leaders = torch.unique(leader_of)
@@ -62,6 +63,7 @@ def prefill_prompts(state: SequenceState, slots: torch.Tensor, runner: ModelRunn
     followers = (leader_of != torch.arange(len(slots))).nonzero().flatten()
     if len(followers):
         runner.cache.copy_prefix(slots[leader_of[followers]], slots[followers], prompt_lengths[followers])
+    return int(prompt_lengths[leaders].sum())
 
 
 def fitting_batches(start: torch.Tensor, counts: torch.Tensor, max_len: int) -> list[torch.Tensor]:
@@ -164,7 +166,9 @@ class ModelDrafter(Drafter):
             self._vocab_seen[slots] = 0
             grow_vocab(self.vocab, self._vocab_seen, state, slots)
         if prefill:
-            prefill_prompts(state, slots, self.runner, self._prefill)
+            started = time.perf_counter()
+            fed = prefill_prompts(state, slots, self.runner, self._prefill)
+            self.observe_feed(time.perf_counter() - started, fed)
 
     def _prefill(self, tokens: torch.Tensor, slots: torch.Tensor, lengths: torch.Tensor) -> None:
         self.runner.forward(tokens, slots, lengths, logits_at="none")
@@ -217,6 +221,10 @@ class ModelDrafter(Drafter):
                 self.runner.forward(tokens, rows[part], counts[part], logits_at="none")
                 self.runner.commit(rows[part], counts[part])
             self.catch_up_s = time.perf_counter() - started
+            self.observe_feed(self.catch_up_s, int(counts.sum()))
+
+    def behind(self, state: SequenceState, slots: torch.Tensor) -> torch.Tensor:
+        return (state.lengths[slots] - 1 - self.runner.lengths[slots]).clamp_min(0)
 
     def observe_commit(self, state: SequenceState, slots: torch.Tensor) -> None:
         """Keep the fed drafts that became committed tokens; roll the rest back."""

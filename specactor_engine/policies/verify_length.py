@@ -275,6 +275,7 @@ class VerifyLengthPolicy:
     probe_budget: float = 0.05
     round_s: float = 0.0  # EMA of the seconds of rounds that were no such probe
     first_probe_s: float = 0.0  # the seconds of the last probe of the first assignment
+    first_catch_up_s: float = 0.0  # the catch-up a probe of the first assignment would pay now (`choose`)
     probing_first: bool = False  # the round just chosen is such a probe
     cheap_probe: float = 0.15  # a probe expected within this share of the current rate is cheap ...
     cheap_probe_every: int = 8  # ... and runs this often at max_k (0: never; docstring)
@@ -403,9 +404,11 @@ class VerifyLengthPolicy:
                    key=lambda k: (self._best_option(rows, k, context, regime, options)[0], -k))
 
     def choose(self, rows: int, context: int | None = None, regime: str = "",
-               options: Sequence[Sequence[str | None]] | None = None) -> int:
+               options: Sequence[Sequence[str | None]] | None = None, first_catch_up_s: float = 0.0) -> int:
         """The verify length for the next round of `rows` rows (recorded in `history`). options: the
-        assignments of a draft method per row to choose among; the chosen one's index is left in `option`."""
+        assignments of a draft method per row to choose among; the chosen one's index is left in `option`.
+        first_catch_up_s: what a probe of the first assignment would spend catching its draft models up."""
+        self.first_catch_up_s = first_catch_up_s
         def score(k: int) -> float:
             return self._best_option(rows, k, context, regime, options)[0]
 
@@ -474,10 +477,16 @@ class VerifyLengthPolicy:
     def _probe_budget_rounds(self) -> int:
         """Rounds off the first assignment before it is probed again so that its probes take at most
         `probe_budget` of the time: a draft model's probe pays a catch-up forward over everything it missed,
-        for every row (trace A, 32 rows: ~2 s per probe of the 0.5B, 8 rounds' worth, twice a run)."""
-        if self.first_probe_s <= 0.0 or self.round_s <= 0.0:
+        for every row (trace A, 32 rows: ~2 s per probe of the 0.5B, 8 rounds' worth, twice a run). The probe's
+        seconds: the last probe's, or a round's plus the catch-up now due (`first_catch_up_s`) if more: the
+        first probe after a model's first round has only that estimate (trace A: the 0.5B's first round
+        drafted with nothing to catch up, its next probe caught 30 rows up over 1.8 s)."""
+        if self.round_s <= 0.0:
             return 0
-        return math.ceil(self.first_probe_s / (self.probe_budget * self.round_s))
+        probe_s = max(self.first_probe_s, self.round_s + self.first_catch_up_s if self.first_catch_up_s else 0.0)
+        if probe_s <= 0.0:
+            return 0
+        return math.ceil(probe_s / (self.probe_budget * self.round_s))
 
     def _cheap_deep_probe_due(self, k: int, score: Any) -> bool:
         """A round at max_k while a shorter length is in force, when max_k is expected within `cheap_probe` of

@@ -121,3 +121,27 @@ def test_independent_noise_drafts_come_with_their_distributions(configs, context
         torch.testing.assert_close(probs.sum(-1), torch.ones(count, dtype=probs.dtype), rtol=0, atol=1e-5)
         drawn = probs.gather(-1, proposal.token_ids[row, :count, None])
         assert bool((drawn > 0).all())  # each draft was drawn from its own distribution
+
+
+@pytest.mark.parametrize("kind", sorted(BUILT))
+def test_a_draft_model_knows_what_it_would_catch_up_and_at_what_rate(kind: str, configs, context):
+    """What the probe budget weighs before a draft model is probed: the committed tokens its cache lacks
+    (`behind`) at its measured feed rate. The prompt prefill measures the rate; tokens committed while other
+    methods drafted make it fall behind; drafting catches it up. Model-free methods never are behind."""
+    drafter, state = build_drafter(configs[kind], context), _state_with_output()
+    slots = torch.arange(len(CAPS))
+    _propose(drafter, state, [0] * len(CAPS))  # admitted and prefilled; no row drafted
+    if kind not in MODELS:
+        assert drafter.feed_s_per_token is None and int(drafter.behind(state, slots).sum()) == 0
+        assert drafter.catch_up_estimate_s(state, slots) == 0.0
+        return
+    assert drafter.feed_s_per_token is not None and drafter.feed_s_per_token > 0
+    before = drafter.behind(state, slots)
+    state.tokens[:, state.lengths[0]: state.lengths[0] + 6] = torch.tensor([5, 6, 7, 5, 6, 7])
+    state.lengths += 6  # six more tokens committed while other methods drafted
+    assert torch.equal(drafter.behind(state, slots), before + 6)
+    assert drafter.catch_up_estimate_s(state, slots) == pytest.approx(
+        float((before + 6).sum()) * drafter.feed_s_per_token)
+    request = DraftRequest(slots, torch.tensor([2] * len(CAPS)), SamplingParams(temperature=1.0))
+    drafter.propose(state, request)
+    assert drafter.catch_up_s > 0 and int(drafter.behind(state, slots).max()) == 0

@@ -448,6 +448,29 @@ def test_probes_of_a_costly_first_assignment_keep_within_the_probe_budget():
     assert policy.first_probe_s == 1.0 and policy.round_s == pytest.approx(0.1)
 
 
+def test_the_first_probe_of_a_costly_assignment_waits_for_its_catch_up_estimate():
+    """Trace A: the 0.5B's first round drafted with nothing to catch up, so the probe after it was priced like
+    a round, and it caught 30 rows up over 1.8 s. With the catch-up a probe would pay now given, the first
+    probe already keeps to the budget: (0.1 + 0.9) / (0.05 * 0.1) = 200 rounds; with no catch-up due it runs at
+    the interval."""
+    def first_probe(catch_up_s: float) -> int | None:
+        policy = VerifyLengthPolicy(D_FP32, AcceptanceStats(max_k=4), probe_every=4, max_probe_every=16,
+                                    probe_budget=0.05)
+        for _ in range(40):
+            policy.observe_acceptance([4] * 4, [2, 2, 2, 2], SUFFIX)
+            policy.observe_acceptance([4] * 4, [0, 0, 0, 0], MODEL)
+        policy.draft_s_by_method["model"] = 0.1
+        for round_index in range(150):
+            k = policy.choose(4, options=[MODEL, SUFFIX], first_catch_up_s=catch_up_s)
+            if policy.option == 0 and k > 0:
+                return round_index
+            policy.observe_round(k, [k] * 4, [2] * 4, 0.0, 0.1, 4, methods=SUFFIX)
+        return None
+
+    assert first_probe(0.0) == 3
+    assert first_probe(0.9) is None
+
+
 def test_a_method_whose_rounds_realise_less_than_expected_is_expected_less():
     """Whatever the per-part estimates miss (trace D: the 0.5B's late rounds at 44.5 tokens/s where they put it
     ahead of the feature drafter's 48.1) is charged to the method: the realised / expected tokens per second of
