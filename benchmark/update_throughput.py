@@ -1,7 +1,7 @@
 """Update throughput: response tokens per second of the trainer's GRPO step, variants side by side.
 
-    python -m benchmark.update_throughput                      # the `make run` config: SmolLM2-135M, fp32, ZeRO-2
-    python -m benchmark.update_throughput --variants float32,bfloat16 --steps 3 --out bench/update.json
+    python -m benchmark.update_throughput                      # the `make run` config as it is
+    python -m benchmark.update_throughput --variants float32:2:4,bfloat16:0:4 --steps 3 --out bench/update.json
 
 Each variant builds the trainer `specactor train` builds (`tasks.host.build_trainer`: DeepSpeed) from the config's
 `train.optim` with the overrides the variant names (`dtype` or `dtype:zero_stage:micro_batch_size`) and times
@@ -34,10 +34,10 @@ DEFAULT_CONFIG = "configs/train_smollm2.yaml"
 def synthetic_batch(samples: int, prompt_tokens: int, output_tokens: int, vocab_size: int, seed: int = 0
                     ) -> RolloutBatch:
     """`samples` rows of random ids (speed does not depend on the values), output lengths spread around
-    `output_tokens` (0.5x-1.5x) as a rollout's are, advantages of both signs."""
+    `output_tokens` (0.5x-1.5x) in a random order as a rollout's are, advantages of both signs."""
     gen = torch.Generator().manual_seed(seed)
     prompts, outputs = [], []
-    for i in range(samples):
+    for i in torch.randperm(samples, generator=gen).tolist():
         length = max(1, int(output_tokens * (0.5 + i / max(samples - 1, 1))))
         prompts.append(torch.randint(vocab_size, (prompt_tokens,), generator=gen).tolist())
         outputs.append(torch.randint(vocab_size, (length,), generator=gen).tolist())
@@ -46,13 +46,16 @@ def synthetic_batch(samples: int, prompt_tokens: int, output_tokens: int, vocab_
 
 
 def parse_variant(text: str, base: OptimConfig) -> tuple[str, OptimConfig]:
-    """`dtype[:zero_stage[:micro_batch_size]]` over the config's optim settings."""
+    """`dtype[:zero_stage[:micro_batch_size[:micro_batch_tokens]]]` over the config's optim settings (an
+    empty field keeps the config's)."""
     parts = text.split(":")
-    fields: dict[str, Any] = {"dtype": parts[0]}
+    fields: dict[str, Any] = {"dtype": parts[0]} if parts[0] else {}
     if len(parts) > 1 and parts[1]:
         fields["zero_stage"] = int(parts[1])
     if len(parts) > 2 and parts[2]:
         fields["micro_batch_size"] = int(parts[2])
+    if len(parts) > 3 and parts[3]:
+        fields["micro_batch_tokens"] = int(parts[3])
     return text, base.model_copy(update=fields)
 
 
@@ -82,7 +85,8 @@ def measure(config: SpecActorConfig, model_path: Path, optim: OptimConfig, batch
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default=DEFAULT_CONFIG, help="a train config (its model and train.optim)")
-    parser.add_argument("--variants", default="float32", help="comma-separated dtype[:zero_stage[:micro_batch]]")
+    parser.add_argument("--variants", default=":", help="comma-separated dtype[:zero_stage[:micro_batch_size"
+                        "[:micro_batch_tokens]]] (an empty field: the config's; default: the config as it is)")
     parser.add_argument("--prompts", type=int, default=None, help="default: train.prompts_per_step")
     parser.add_argument("--samples", type=int, default=None, help="per prompt; default: sampling.n")
     parser.add_argument("--prompt-tokens", type=int, default=60)

@@ -296,9 +296,14 @@ class OptimConfig(_Frozen):
     loss_agg: Literal["token_mean", "seq_mean"] = Field(
         "token_mean", description="Loss aggregation: mean over output tokens (DAPO) or over sequences.")
     zero_stage: int = Field(2, ge=0, le=3, description="DeepSpeed ZeRO stage.")
-    dtype: Literal["float32", "bfloat16", "float16"] = Field(
-        "float32", description="Training dtype (float16 needs a GPU).")
-    micro_batch_size: int = Field(8, ge=1, description="Sequences per forward/backward micro batch.")
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = Field(
+        "float32", description="Training dtype: bfloat16/float16 compute over fp32 master weights (docs/training.md; "
+        "float16 needs a GPU); auto: bfloat16 where the device computes it natively (a CUDA GPU with bf16, a CPU "
+        "with AVX-512 BF16 or AMX), else float32.")
+    micro_batch_size: int = Field(8, ge=1, description="Sequences per forward/backward micro batch (at most).")
+    micro_batch_tokens: int | None = Field(None, ge=1, description=(
+        "Also cap each micro batch at this many padded tokens (rows x longest row; a longer row goes alone); "
+        "null: micro_batch_size alone. Rows are grouped by length either way, so little is padding."))
     backend: Literal["auto", "gloo", "nccl"] = Field(
         "auto", description="torch.distributed backend; 'auto': nccl with CUDA, gloo on CPU.")
 

@@ -5,7 +5,8 @@ the validated `OptimConfig` (specactor_engine/config.py: ZeRO stage, dtype, GRPO
 NCCL on GPU, the same code) and knows nothing about rollouts beyond `RolloutBatch`:
 token ids, the engine's logprobs of the emitted tokens and one advantage per sample.
 One `step(batch)` is one optimizer update, accumulated over micro-batches so that the loss
-is the same as for the whole batch at once. Weights leave the trainer as (HF name, tensor)
+is the same as for the whole batch at once (micro-batches group rows of similar length, so
+little of a forward is padding; logits are computed at the output positions only). Weights leave the trainer as (HF name, tensor)
 pairs (`state_dict_for_sync`) or as an atomically written safetensors checkpoint.
 """
 
@@ -18,7 +19,7 @@ import os
 import shutil
 import socket
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,7 +73,7 @@ class RolloutBatch:
     def num_output_tokens(self) -> int:
         return sum(len(output) for output in self.output_token_ids)
 
-    def select(self, rows: range) -> RolloutBatch:
+    def select(self, rows: Sequence[int]) -> RolloutBatch:
         """The samples at `rows`, as a batch."""
         return RolloutBatch([self.prompt_token_ids[i] for i in rows], [self.output_token_ids[i] for i in rows],
                             [self.old_logprobs[i] for i in rows], [self.advantages[i] for i in rows])
@@ -128,15 +129,49 @@ def collate(batch: RolloutBatch, device: torch.device | str = "cpu") -> _MicroBa
 
 def output_logprobs(model: nn.Module, micro: _MicroBatch, temperature: float,
                     with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Logprobs [B, O] of the output tokens under `model` (and their entropies [B, O] if asked)."""
-    logits = model(input_ids=micro.input_ids, attention_mask=micro.attention_mask, use_cache=False).logits
-    index = micro.logit_positions[..., None].expand(-1, -1, logits.shape[-1])  # [B, O, V]
-    picked = logits.gather(1, index)  # [B, O, V]
+    """Logprobs [B, O] of the output tokens under `model` (and their entropies [B, O] if asked). The head runs
+    at the O positions that predict output tokens only (HF `logits_to_keep`), not at the prompt's."""
+    picked = model(input_ids=micro.input_ids, attention_mask=micro.attention_mask, use_cache=False,
+                   logits_to_keep=micro.logit_positions).logits  # [B, O, V]
     logprobs = token_logprobs_from_logits(picked, micro.output_ids, temperature)
     if not with_entropy:
         return logprobs, None
     with torch.no_grad():
         return logprobs, entropy_from_logits(picked, temperature)
+
+
+def micro_batches(lengths: list[int], max_rows: int, max_tokens: int | None = None) -> list[list[int]]:
+    """Row indices of each micro-batch: rows sorted by length (longest first, stable), cut every `max_rows` rows
+    and, with `max_tokens`, before a row would make rows x longest exceed it (a row longer than that goes
+    alone). Each micro-batch lists its rows in the batch's order. A padded forward costs its longest row per
+    row, so grouping by length cuts the padding (rollouts of a group range from a few tokens to the limit)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    parts: list[list[int]] = []
+    for i in order:  # longest first: a part's first row is its longest
+        part = parts[-1] if parts else None
+        if part is not None and len(part) < max_rows and (
+                max_tokens is None or (len(part) + 1) * lengths[part[0]] <= max_tokens):
+            part.append(i)
+        else:
+            parts.append([i])
+    return [sorted(part) for part in parts]
+
+
+def native_bf16(cuda_available: bool | None = None) -> bool:
+    """The device computes bf16 natively: a CUDA GPU that supports it, or a CPU oneDNN runs bf16 on (AVX-512
+    BF16 or AMX; an AVX2-only CPU emulates it, slower than fp32)."""
+    cuda = torch.cuda.is_available() if cuda_available is None else cuda_available
+    if cuda:
+        return bool(torch.cuda.is_bf16_supported())
+    return torch.backends.mkldnn.is_available() and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def resolve_dtype(cfg: OptimConfig, bf16_native: bool | None = None) -> OptimConfig:
+    """`cfg` with dtype 'auto' made concrete: bfloat16 where the device computes it natively, else float32."""
+    if cfg.dtype != "auto":
+        return cfg
+    native = native_bf16() if bf16_native is None else bf16_native
+    return cfg.model_copy(update={"dtype": "bfloat16" if native else "float32"})
 
 
 def check_device_support(cfg: OptimConfig, cuda_available: bool | None = None) -> None:
@@ -204,8 +239,11 @@ class PolicyTrainer:
     """
 
     def __init__(self, model: nn.Module, cfg: OptimConfig, *, temperature: float, seed: int) -> None:
+        cfg = resolve_dtype(cfg)
         check_device_support(cfg)
         self.cfg = cfg
+        logger.info("policy update in %s, ZeRO-%d, micro-batches of %d rows", cfg.dtype, cfg.zero_stage,
+                    cfg.micro_batch_size)
         self.temperature = temperature
         torch.manual_seed(seed)
         init_distributed(cfg.backend)
@@ -214,7 +252,9 @@ class PolicyTrainer:
         model = model.to(_DTYPES[cfg.dtype]).train()
         self.reference = copy.deepcopy(model).eval().requires_grad_(False) if cfg.use_reference else None
         params = [p for p in model.parameters() if p.requires_grad]
-        optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+        # fused: one kernel per step over all parameters (CPU and CUDA), same update as the loop
+        optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay,
+                                      fused=True)
         self.engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=deepspeed_config(cfg))
         if self.reference is not None:
             self.reference.to(self.engine.device)
@@ -226,17 +266,7 @@ class PolicyTrainer:
 
     def step(self, batch: RolloutBatch) -> dict[str, float]:
         """One optimizer update on `batch`; returns loss, pg_loss, kl, clip_fraction, grad_norm, lr, tokens, ..."""
-        total = self._aggregation_count(batch)
-        if total == 0:
-            raise ValueError("RolloutBatch has no output tokens to train on")
-        self.engine.train()
-        sums: dict[str, float] = {}
-        for part in self._micro_batches(batch):
-            weight = self._aggregation_count(part) / total  # micro-batch mean -> its share of the batch mean
-            loss, metrics = self._micro_loss(collate(part, self.engine.device))
-            self.engine.backward(loss * weight, scale_wrt_gas=False)
-            for name, value in metrics.items():
-                sums[name] = sums.get(name, 0.0) + weight * value
+        sums = self.backward(batch)
         grad_norm = self._local_grad_norm()
         self.engine.step()
         engine_norm = self.engine.get_global_grad_norm()
@@ -244,19 +274,47 @@ class PolicyTrainer:
         return {**sums, "grad_norm": grad_norm, "lr": float(self.engine.get_lr()[0]),
                 "tokens": float(batch.num_output_tokens), "sequences": float(len(batch))}
 
+    def backward(self, batch: RolloutBatch) -> dict[str, float]:
+        """The first half of `step`: the batch's loss backpropagated over its micro-batches, the gradients left
+        for the update (`deepspeed.utils.safe_get_full_grad` reads them in between); returns the loss metrics."""
+        total = self._aggregation_count(batch)
+        if total == 0:
+            raise ValueError("RolloutBatch has no output tokens to train on")
+        self.engine.train()
+        sums: dict[str, float] = {}
+        for _, part in self._micro_batches(batch):
+            weight = self._aggregation_count(part) / total  # micro-batch mean -> its share of the batch mean
+            loss, metrics = self._micro_loss(collate(part, self.engine.device))
+            self.engine.backward(loss * weight, scale_wrt_gas=False)
+            for name, value in metrics.items():
+                sums[name] = sums.get(name, 0.0) + weight * value
+        return sums
+
     @torch.no_grad()
     def logprobs(self, batch: RolloutBatch) -> list[list[float]]:
         """Logprobs of every output token under the current weights (temperature-scaled like the engine)."""
         self.engine.eval()
-        rows: list[list[float]] = []
-        for part in self._micro_batches(batch):
+        rows: list[list[float]] = [[] for _ in range(len(batch))]
+        for indices, part in self._micro_batches(batch):
             logprobs, _ = output_logprobs(self.engine, collate(part, self.engine.device), self.temperature)
-            rows.extend(row[:len(out)] for row, out in zip(logprobs.tolist(), part.output_token_ids))
+            for index, row, out in zip(indices, logprobs.tolist(), part.output_token_ids):
+                rows[index] = row[:len(out)]
         return rows
 
+    @property
+    def low_precision(self) -> bool:
+        """The module computes in bf16/fp16 over DeepSpeed's fp32 master weights (which are the policy)."""
+        return self.cfg.dtype != "float32"
+
     def state_dict_for_sync(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Full weights as (HF parameter name, CPU tensor) pairs, gathered one at a time under ZeRO-3."""
+        """Full weights as (HF parameter name, CPU tensor) pairs, gathered one at a time under ZeRO-3. In
+        bf16/fp16 the fp32 master weights: the policy the optimizer updates, of which the module holds a
+        rounded copy to compute with, so rollouts, checkpoints and a resumed run see the weights the update
+        produced (docs/training.md)."""
         for name, param in self.module.named_parameters():
+            if self.low_precision and param.requires_grad:
+                yield name, self._master(name, param).detach().to("cpu", copy=True)
+                continue
             with self._gathered([param]):
                 yield name, param.detach().to("cpu", copy=True)
 
@@ -291,11 +349,39 @@ class PolicyTrainer:
                 param.copy_(tensor.to(param.dtype))
         if hasattr(self.engine.optimizer, "refresh_fp32_params"):
             self.engine.optimizer.refresh_fp32_params()  # ZeRO/bf16 keep their own fp32 master weights
+        if self.low_precision:  # ... which the module's rounded copy only approximates: set them exactly
+            from deepspeed.utils import safe_set_full_fp32_param
 
-    def _micro_batches(self, batch: RolloutBatch) -> Iterator[RolloutBatch]:
-        size = self.cfg.micro_batch_size
-        for start in range(0, len(batch), size):
-            yield batch.select(range(start, min(start + size, len(batch))))
+            for param, tensor in pairs:
+                if not param.requires_grad:
+                    continue
+                exact = tensor.to(self.engine.device, torch.float32)
+                if hasattr(param, "_hp_mapping") or hasattr(param, "ds_id"):  # ZeRO 1-3
+                    safe_set_full_fp32_param(param, exact)
+                else:
+                    self._master("", param).copy_(exact)
+
+    def _master(self, name: str, param: nn.Parameter) -> torch.Tensor:
+        """The fp32 master weight of a bf16/fp16 parameter: ZeRO 1-3's (gathered: every rank takes part under
+        ZeRO-3) or, without ZeRO, the mixed-precision optimizer's copy (fp16_groups -> fp32_groups)."""
+        from deepspeed.utils import safe_get_full_fp32_param
+
+        master = safe_get_full_fp32_param(param)
+        if master is not None:
+            return master
+        optimizer = self.engine.optimizer
+        for low_group, fp32_group in zip(getattr(optimizer, "fp16_groups", ()), getattr(optimizer, "fp32_groups", ())):
+            for low, fp32 in zip(low_group, fp32_group):
+                if low is param:
+                    return fp32
+        raise RuntimeError(f"{name or 'a parameter'}: DeepSpeed's {type(optimizer).__name__} holds no fp32 master "
+                           "weight for it")
+
+    def _micro_batches(self, batch: RolloutBatch) -> Iterator[tuple[list[int], RolloutBatch]]:
+        """(row indices, rows) of each micro-batch: rows of similar length (`micro_batches`)."""
+        lengths = [len(p) + len(o) for p, o in zip(batch.prompt_token_ids, batch.output_token_ids)]
+        for rows in micro_batches(lengths, self.cfg.micro_batch_size, self.cfg.micro_batch_tokens):
+            yield rows, batch.select(rows)
 
     def _micro_loss(self, micro: _MicroBatch) -> tuple[torch.Tensor, dict[str, float]]:
         new_logprobs, entropy = output_logprobs(self.engine, micro, self.temperature, with_entropy=True)

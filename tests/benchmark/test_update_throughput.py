@@ -11,6 +11,7 @@ def test_the_synthetic_batch_has_the_asked_shape():
     assert len(batch) == 8 and all(len(p) == 5 for p in batch.prompt_token_ids)
     lengths = [len(o) for o in batch.output_token_ids]
     assert min(lengths) == 5 and max(lengths) == 15  # 0.5x .. 1.5x the mean length
+    assert lengths != sorted(lengths) and lengths != sorted(lengths, reverse=True)  # in a rollout's random order
     assert all(0 <= t < 100 for o in batch.output_token_ids for t in o)
     assert min(batch.advantages) < 0 < max(batch.advantages)
 
@@ -22,3 +23,6 @@ def test_a_variant_overrides_only_what_it_names():
     assert (optim.dtype, optim.zero_stage, optim.micro_batch_size, optim.lr) == ("bfloat16", 0, 8, 1e-5)
     _, same = parse_variant("float32", base)
     assert same == base
+    _, capped = parse_variant(":::512", base)  # empty fields keep the config's
+    assert capped == base.model_copy(update={"micro_batch_tokens": 512})
+    assert parse_variant(":", base)[1] == base
