@@ -36,7 +36,7 @@ export RAY_USAGE_STATS_ENABLED := 0
 export RAY_AUTH_MODE := disabled
 export MPLCONFIGDIR := $(CACHE)/matplotlib
 
-.PHONY: help venv install run rollout-demo test test-fast lock clean distclean vllm-env bench bench-quick gpu-wheels gpu-check \
+.PHONY: help venv install run rollout-demo test test-fast lock clean distclean vllm-env bench bench-e2e bench-quick gpu-wheels gpu-check \
 	drafter-smollm2 drafter-feature
 
 help: ## list the targets
@@ -184,6 +184,10 @@ $(DRAFTER_FEATURE)/.complete: $(DRAFTER_FEATURE_DATA)/rollouts.jsonl | $(STAMP)
 		--data $(DRAFTER_FEATURE_DATA)/rollouts.jsonl --batch-size 4 --lr 3e-4 --steps 2000 --max-minutes 20 \
 		--out $(DRAFTER_FEATURE)
 	touch $@
+
+bench-e2e: venv ## post-training step time, speculative vs plain-decoding rollouts (the make-run config, ~10 min)
+	$(BIN)/specactor models pull smollm2-135m-instruct --dtype float32
+	$(BIN)/python -m benchmark.e2e --config configs/train_smollm2.yaml --steps 5 --out $(BENCH_DIR)/e2e
 
 bench-quick: venv ## a few-minute benchmark on SmolLM2 (trace quick, main-venv systems)
 	$(BIN)/specactor models pull smollm2-135m-instruct --dtype float32

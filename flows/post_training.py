@@ -5,6 +5,10 @@ directory and in the process-local host (tasks/runtime.py, built by tasks/host.p
 only paths, steps and metric dicts. Resuming: the flow starts at the first step that is not
 complete (tasks/run_dir.py). A step is published (checkpoints/LATEST) only after its sync succeeded
 and its metrics were written.
+
+Held-out evaluation (`train.eval`): the initial policy is evaluated as step 0 (steps/000000/metrics.json
+holds only the evaluation), the policy after the last step within that step (and after every
+`train.eval.every`-th step), so `eval/*` keys sit in the metrics of the step whose policy they measure.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from prefect.artifacts import create_markdown_artifact
 from specactor_engine.config import SpecActorConfig
 from specactor_engine.files import atomic_write_text
 from tasks.alarms import acceptance_alarms, raise_alarms
-from tasks.pipeline import load_prompts, run_rollout, score_rewards, sync_weights, update_policy
+from tasks.pipeline import evaluate_step, load_prompts, run_rollout, score_rewards, sync_weights, update_policy
 from tasks.run_dir import RunDir
 
 
@@ -46,9 +50,19 @@ def post_training(config_path: str | None = None, overrides: Sequence[str] = (),
     first = run.next_step()
     if first > 1:
         logger.info("resuming at step %d (steps 1..%d complete)", first, first - 1)
+    evaluation = config.train.eval
     try:
+        if evaluation.enabled and first == 1 and 0 not in history:  # the initial policy, before any update
+            metrics = {"step": 0, **_timed("eval", evaluate_step, root, 0)}
+            run.write_metrics(0, metrics)
+            history[0] = metrics
+            tracker.log(0, metrics)
+            logger.info("evaluation of the initial policy: reward %.3f, accuracy %.2f",
+                        metrics["eval/reward/mean"], metrics["eval/accuracy"])
         for step in range(first, config.train.steps + 1):
             metrics = _run_step(root, step)
+            if evaluation.enabled and (step == config.train.steps or evaluation.every and step % evaluation.every == 0):
+                metrics.update(_timed("eval", evaluate_step, root, step))  # the policy after this step's update
             alarms = acceptance_alarms(history.get(step - 1), metrics, config.train.drafter_sync.collapse_ratio)
             if alarms:
                 raise_alarms(alarms, tracker)
@@ -76,14 +90,20 @@ def check_train_config(config: SpecActorConfig) -> SpecActorConfig:
 
 
 def _run_step(root: str, step: int) -> dict[str, Any]:
-    """The step's tasks in order, with the wall time of each (time/<task>_s)."""
+    """The step's tasks in order, with the wall time of each (time/<task>_s) and of the step (time/step_s)."""
     metrics: dict[str, Any] = {"step": step}
     for name, step_task in (("rollout", run_rollout), ("reward", score_rewards), ("update", update_policy),
                             ("sync", sync_weights)):
-        started = time.perf_counter()
-        metrics.update(step_task(root, step))
-        metrics[f"time/{name}_s"] = time.perf_counter() - started
+        metrics.update(_timed(name, step_task, root, step))
+    metrics["time/step_s"] = sum(metrics[f"time/{name}_s"] for name in ("rollout", "reward", "update", "sync"))
     return metrics
+
+
+def _timed(name: str, step_task: Any, root: str, step: int) -> dict[str, Any]:
+    """The task's metrics and its wall time as time/<name>_s."""
+    started = time.perf_counter()
+    metrics = step_task(root, step)
+    return {**metrics, f"time/{name}_s": time.perf_counter() - started}
 
 
 def _artifact(step: int, metrics: dict[str, Any]) -> None:

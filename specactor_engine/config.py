@@ -350,6 +350,17 @@ class WandbConfig(_Frozen):
     mode: Literal["offline", "online", "disabled"] = Field("offline", description="W&B mode.")
 
 
+class EvalConfig(_Frozen):
+    """The held-out evaluation inside `specactor train` (flows/post_training.py, tasks/pipeline.py evaluate_step)."""
+
+    enabled: bool = Field(True, description="Evaluate the initial policy (step 0) and the policy after the last step "
+                          "on the eval split (train.data.eval_fraction), at the run's sampling with a fixed seed.")
+    every: int = Field(0, ge=0, description="Also evaluate after every N-th step (0: before and after only).")
+    max_prompts: int | None = Field(None, ge=1, description="Evaluate at most this many eval prompts (null: all).")
+    compare_ar: bool = Field(True, description="Roll the evaluation out with plain decoding too (same weights and "
+                             "noise): the rollout speedup measured on the same prompts, outputs checked identical.")
+
+
 class TrainConfig(_Frozen):
     """The post-training loop (flows/post_training.py)."""
 
@@ -364,6 +375,7 @@ class TrainConfig(_Frozen):
     optim: OptimConfig = Field(default_factory=OptimConfig)
     drafter_sync: DrafterSyncConfig = Field(default_factory=DrafterSyncConfig)
     wandb: WandbConfig = Field(default_factory=WandbConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
 
     @field_validator("optim")
     @classmethod

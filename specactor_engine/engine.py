@@ -11,8 +11,9 @@ The engine knows nothing about Prefect, DeepSpeed or W&B; it is built from a `Ro
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 
@@ -32,6 +33,11 @@ from specactor_engine.tokenize import encode_request, eos_token_ids
 from specactor_engine.types import EngineStats, Request, RolloutResult, SequenceOutput
 
 logger = logging.getLogger(__name__)
+
+
+# what `Engine.plain_decoding` switches off and puts back
+_SPECULATION_STATE = ("mode", "num_draft_tokens", "drafters", "coordinator", "verify_length", "combine_below",
+                      "dynamic_decoupling", "verifier_threads", "selection")
 
 
 class Engine:
@@ -83,6 +89,40 @@ class Engine:
             if drafter.needs_target:
                 drafter.bind_target(self.runner)
         self.eos_ids = eos_token_ids(tokenizer, target)
+
+    @property
+    def speculative(self) -> bool:
+        """The mode drafts at all (every mode but `ar`)."""
+        return self.mode.speculative
+
+    @contextlib.contextmanager
+    def plain_decoding(self) -> Iterator[None]:
+        """Decode without speculation inside the block (mode `ar`: no drafters, no workers, k = 0) with the same
+        weights, kernels and sampling: the baseline a speculative rollout is measured against, on the same
+        prompts and noise (its outputs must be identical). The drafters keep their state; the verify-length
+        policy keeps its statistics."""
+        saved = {name: getattr(self, name) for name in _SPECULATION_STATE}
+        self.mode, self.num_draft_tokens, self.drafters, self.coordinator = MODES["ar"], 0, [], None
+        self.verify_length, self.combine_below, self.dynamic_decoupling = "fixed", 0, False
+        self.verifier_threads, self.selection = None, "cascade"
+        try:
+            yield
+        finally:
+            for name, value in saved.items():
+                setattr(self, name, value)
+
+    @contextlib.contextmanager
+    def history_kept(self) -> Iterator[None]:
+        """Rollouts inside the block leave no trace in the drafters' cross-rollout history (the suffix drafter's
+        earlier rollouts of each prompt): a held-out evaluation must not supply drafts to the next evaluation of
+        the same prompts, which would measure a speedup training rollouts never see."""
+        saved = [(drafter, drafter.history_snapshot()) for drafter in self.drafters]
+        try:
+            yield
+        finally:
+            for drafter, snapshot in saved:
+                if snapshot is not None:
+                    drafter.restore_history(snapshot)
 
     def _check_draft_sources(self) -> None:
         """The draft sources this mode needs, among those handed in (the config cannot see them)."""

@@ -20,6 +20,9 @@ from tasks.run_dir import RunDir, read_jsonl, write_jsonl
 from tasks.runtime import run_logger
 
 Metrics = dict[str, Any]
+# the evaluation samples with the run's sampling at this seed offset: the same noise at every evaluation, so the
+# before/after comparison is on the same prompts and the same random draws
+EVAL_SEED_OFFSET = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -147,3 +150,46 @@ def sync_weights(run_root: str, step: int) -> Metrics:
         run_logger().error("sync to the new policy failed; the engine and drafters are back at v%d", previous)
         raise
     return {"sync/policy_digest": digest[:16], "policy_version_after": step, **metrics}
+
+
+@task(name="evaluate_step")
+def evaluate_step(run_root: str, step: int) -> Metrics:
+    """Roll out the held-out prompts (`train.eval`) with the engine's current policy at the run's sampling (a
+    fixed seed) and score them: `eval/reward/mean`, `eval/accuracy`. With `train.eval.compare_ar`, the same
+    rollout again with plain decoding (same weights, same noise): the rollout speedup measured on the same
+    prompts, and whether the outputs are identical (they must be). Evaluation rollouts leave the drafters'
+    cross-rollout history as it was. Writes steps/NNNNNN/eval.jsonl."""
+    from specactor_engine.types import Request
+    from tasks.rewards import combine_rewards
+
+    host, run = host_for(run_root), RunDir(Path(run_root))
+    settings = host.config.train.eval
+    rows = read_jsonl(run.data("eval"))[: settings.max_prompts]
+    if not rows:
+        raise ValueError("train.eval: the eval split is empty; raise train.data.eval_fraction or set "
+                         "train.eval.enabled=false")
+    requests = [Request(str(row["id"]), messages=row["messages"]) for row in rows]
+    sampling = host.config.sampling.model_copy(update={"seed": host.config.sampling.seed + EVAL_SEED_OFFSET})
+    with host.engine.history_kept():  # an evaluation's rollouts must not draft the next evaluation's
+        result = host.engine.generate(requests, sampling)
+    outputs, by_id = result.outputs, {str(row["id"]): row for row in rows}
+    columns = {"answer": [by_id[o.request_id].get("answer") for o in outputs],
+               "task": [by_id[o.request_id].get("task", "") for o in outputs], "id": [o.request_id for o in outputs]}
+    totals, per_reward = combine_rewards([o.text for o in outputs], columns, dict(host.config.train.rewards))
+    metrics: Metrics = {f"eval/{key}": value for key, value in reward_metrics(totals, per_reward).items()}
+    metrics |= {"eval/policy_version": host.engine.policy_version, "eval/prompts": len(rows),
+                "eval/samples": len(outputs), "eval/rollout_s": result.stats.total_s,
+                "eval/mean_acceptance_length": result.stats.mean_acceptance_length}
+    if settings.compare_ar and host.engine.speculative:
+        with host.engine.plain_decoding():
+            plain = host.engine.generate(requests, sampling)
+        same = sum(a.token_ids == b.token_ids for a, b in zip(outputs, plain.outputs))
+        metrics |= {"eval/ar_rollout_s": plain.stats.total_s,
+                    "eval/rollout_speedup": plain.stats.total_s / max(result.stats.total_s, 1e-9),
+                    "eval/identical": same / len(outputs)}
+        if same != len(outputs):
+            run_logger().warning("evaluation at v%d: %d of %d outputs differ from plain decoding's",
+                                 host.engine.policy_version, len(outputs) - same, len(outputs))
+    write_jsonl(run.step_dir(step) / "eval.jsonl",
+                [{**out.to_json(), "reward": total} for out, total in zip(outputs, totals)])
+    return metrics

@@ -6,7 +6,8 @@ NCCL on GPU, the same code) and knows nothing about rollouts beyond `RolloutBatc
 token ids, the engine's logprobs of the emitted tokens and one advantage per sample.
 One `step(batch)` is one optimizer update, accumulated over micro-batches so that the loss
 is the same as for the whole batch at once (micro-batches group rows of similar length, so
-little of a forward is padding; logits are computed at the output positions only). Weights leave the trainer as (HF name, tensor)
+little of a forward is padding; logits are computed at the output positions only;
+docs/training.md). Weights leave the trainer as (HF name, tensor)
 pairs (`state_dict_for_sync`) or as an atomically written safetensors checkpoint.
 """
 

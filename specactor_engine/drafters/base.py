@@ -108,6 +108,13 @@ class Drafter(ABC):
     def finish_rows(self, state: SequenceState, slots: torch.Tensor) -> None:
         """`slots` finished (state still holds their tokens); the slots may be reused next."""
 
+    def history_snapshot(self) -> Any:
+        """What it keeps across generate calls from earlier rollouts (None: nothing), for `restore_history`."""
+        return None
+
+    def restore_history(self, snapshot: Any) -> None:
+        """Put back what `history_snapshot` returned: later rollouts do not see the ones in between."""
+
     def save_state(self, directory: Path) -> None:
         """Write non-weight state a resumed run needs (e.g. rollout history) into `directory`."""
 

@@ -23,6 +23,7 @@ outputs exact whatever they propose.
 
 from __future__ import annotations
 
+import copy
 import json
 from collections import deque
 from dataclasses import dataclass, field
@@ -239,6 +240,12 @@ class SuffixDrafter(Drafter):
             self.history.add(prompt, output)
             self.groups[key].slots.discard(slot)
             self.groups[key].add(output)
+
+    def history_snapshot(self) -> SuffixHistory:
+        return copy.deepcopy(self.history)
+
+    def restore_history(self, snapshot: Any) -> None:
+        self.history = snapshot
 
     def corpus(self, key: str, state: SequenceState) -> np.ndarray:
         """The group's strings as one array [N]: the settled ones, then each row in flight's output so far."""

@@ -241,3 +241,34 @@ def test_with_two_draft_models_the_one_measured_cheaper_is_offered_first_and_kep
     assert proposer.method_options(torch.arange(2), caps, workers_on=False)[:2] == [[names[0]] * 2, [names[1]] * 2]
     selector.cost.update({names[1]: 0.01})  # the second measured cheaper: it goes first
     assert proposer.method_options(torch.arange(2), caps, workers_on=False)[:2] == [[names[1]] * 2, [names[0]] * 2]
+
+
+def test_plain_decoding_inside_the_block_is_the_ar_baseline_and_speculation_resumes_after(target):  # noqa: F811
+    """What the post-training flow's evaluation measures a speculative rollout against: the same engine with
+    its drafters switched off for the block (same weights, kernels and noise), then speculating again."""
+    params = sampling(1.0, n=2, max_new_tokens=20)
+    drafters = [make_drafter(kind, target, torch.float64) for kind in ("suffix", "ngram", "model")]
+    engine = specactor_engine(target, drafters)
+    speculative = engine.generate(ragged_requests(4), params)
+    with engine.plain_decoding():
+        assert not engine.speculative
+        plain = engine.generate(ragged_requests(4), params)
+    assert engine.speculative and engine.drafters == drafters
+    again = engine.generate(ragged_requests(4), params)
+    assert token_ids(plain) == token_ids(speculative) == token_ids(again)
+    assert plain.stats.mode == "ar" and plain.stats.drafted_tokens == 0
+    assert speculative.stats.drafted_tokens > 0 and again.stats.drafted_tokens > 0
+
+
+def test_rollouts_inside_history_kept_leave_the_suffix_history_as_it_was(target):  # noqa: F811
+    """An evaluation's outputs must not draft the next evaluation of the same prompts."""
+    params = sampling(1.0, n=2, max_new_tokens=12)
+    suffix = make_drafter("suffix", target, torch.float64)
+    engine = specactor_engine(target, [suffix, make_drafter("ngram", target, torch.float64)])
+    engine.generate(ragged_requests(2), params)  # a training rollout: joins the history
+    before = {key: [list(o) for o in outputs] for key, outputs in suffix.history.outputs.items()}
+    assert before
+    with engine.history_kept():
+        engine.generate(ragged_requests(4), params)
+        assert len(suffix.history) > len(before)  # recorded meanwhile ...
+    assert {key: [list(o) for o in outputs] for key, outputs in suffix.history.outputs.items()} == before  # ... and undone

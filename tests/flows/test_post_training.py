@@ -39,7 +39,9 @@ def write_toy_dataset(path: Path, count: int = 16) -> Path:
     return path
 
 
-def flow_overrides(model_dir: Path, data: Path, run_dir: Path, reward: str, steps: int = 2) -> list[str]:
+def flow_overrides(model_dir: Path, data: Path, run_dir: Path, reward: str, steps: int = 2,
+                   evaluate: bool = False) -> list[str]:
+    """The tiny flow's settings; evaluate: the held-out evaluation before and after (off: fewer rollouts)."""
     return [
         # fixed verify length: the acceptance figures these tests compare need every round to draft
         f"model.target={model_dir}", "model.max_model_len=64", "rollout.mode=coupled", "rollout.verify_length=fixed",
@@ -48,7 +50,7 @@ def flow_overrides(model_dir: Path, data: Path, run_dir: Path, reward: str, step
         f"train.run_dir={run_dir}", f"train.steps={steps}", "train.prompts_per_step=4",
         "train.rewards={" + reward + ": 1.0}", "train.data.kind=jsonl", f"train.data.path={data}",
         "train.data.eval_fraction=0.25", "train.optim.lr=1.0e-3", "train.optim.zero_stage=2",
-        "train.optim.micro_batch_size=8", "train.drafter_sync.distill_steps=2",
+        "train.optim.micro_batch_size=8", "train.drafter_sync.distill_steps=2", f"train.eval.enabled={evaluate}",
     ]
 
 
@@ -63,11 +65,24 @@ def test_two_steps_update_sync_and_log(tmp_path, prefect_harness, toy_reward):
     model_dir = save_tiny_model(tmp_path / "policy", "llama", seed=0)
     data = write_toy_dataset(tmp_path / "toy.jsonl")
     run_dir = tmp_path / "run"
-    result = post_training(config_path=None, overrides=flow_overrides(model_dir, data, run_dir, toy_reward),
-                           release=False)
+    result = post_training(config_path=None, overrides=flow_overrides(model_dir, data, run_dir, toy_reward,
+                                                                      evaluate=True), release=False)
     run = RunDir(run_dir)
     try:
-        assert sorted(result["steps"]) == [1, 2] and run.latest_version() == 2
+        assert sorted(result["steps"]) == [0, 1, 2] and run.latest_version() == 2
+        # the held-out evaluation: the initial policy as step 0, the final one within the last step, each also
+        # rolled out by plain decoding on the same prompts and noise, with identical outputs
+        evaluations = {step: run.read_metrics(step) for step in (0, 1, 2)}
+        assert evaluations[0]["eval/policy_version"] == 0 and evaluations[2]["eval/policy_version"] == 2
+        assert "eval/reward/mean" not in evaluations[1] and "train/loss" not in evaluations[0]
+        for step in (0, 2):
+            metrics = evaluations[step]
+            assert metrics["eval/prompts"] == 4 and metrics["eval/samples"] == 16
+            assert metrics["eval/identical"] == 1.0 and metrics["eval/rollout_speedup"] > 0
+            assert 0 <= metrics["eval/accuracy"] <= 1 and "eval/reward/mean" in metrics
+            assert len(read_jsonl(run.step_dir(step) / "eval.jsonl")) == 16
+        assert evaluations[2]["time/step_s"] == pytest.approx(sum(evaluations[2][f"time/{name}_s"] for name in
+                                                                  ("rollout", "reward", "update", "sync")))
         # every trainable parameter changed in the first update
         initial = load_file(model_dir / "model.safetensors")
         updated = load_file(run.checkpoint(1) / "model.safetensors")
@@ -84,9 +99,10 @@ def test_two_steps_update_sync_and_log(tmp_path, prefect_harness, toy_reward):
         check_logprobs_match(host)
         # W&B offline run holds the step metrics
         history = wandb_history(run.wandb_dir)
-        assert [row["step"] for row in history] == [1, 2]
+        assert [row["step"] for row in history] == [0, 1, 2]
+        assert "eval/reward/mean" in history[0] and "eval/reward/mean" in history[-1]
         summary = history[-1]
-        for key in ("reward/mean", "reward/std", "accuracy", "train/loss", "train/kl", "train/grad_norm", "train/lr",
+        for key in ("time/rollout_s", "time/reward_s", "time/update_s", "time/sync_s", "time/step_s", "reward/mean", "reward/std", "accuracy", "train/loss", "train/kl", "train/grad_norm", "train/lr",
                     "rollout/makespan_s", "rollout/tail_s", "rollout/tokens_per_s", "rollout/mean_acceptance_length",
                     "drafter/draft/acceptance_rate", "policy_version", "rollout/mean_verify_length",
                     "rollout/draft_supply", "rollout/accept_rate_pos1", "drafter/draft/ms_per_drafted_token"):

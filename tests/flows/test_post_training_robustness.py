@@ -34,14 +34,17 @@ def test_resume_does_not_recompute_a_completed_step(tmp_path, prefect_harness, t
     from tasks.runtime import drop_host, get_host
 
     run = RunDir(tmp_path / "run")
-    run_flow(flow_overrides(policy_dir, data, run.root, toy_reward, steps=1))
+    run_flow(flow_overrides(policy_dir, data, run.root, toy_reward, steps=1, evaluate=True))
     rollouts_before = run.rollouts(1).read_bytes()
     stamp = run.rollouts(1).stat().st_mtime_ns
+    initial_eval = run.metrics(0).read_bytes()
     saved_drafter = load_file(run.checkpoint(1) / "drafters" / "draft.safetensors")
-    result = run_flow(flow_overrides(policy_dir, data, run.root, toy_reward, steps=2), release=False)
+    result = run_flow(flow_overrides(policy_dir, data, run.root, toy_reward, steps=2, evaluate=True), release=False)
     try:
-        assert sorted(result["steps"]) == [1, 2]
+        assert sorted(result["steps"]) == [0, 1, 2]
         assert run.rollouts(1).stat().st_mtime_ns == stamp and run.rollouts(1).read_bytes() == rollouts_before
+        assert run.metrics(0).read_bytes() == initial_eval  # the initial policy's evaluation is not redone
+        assert run.read_metrics(2)["eval/policy_version"] == 2
         assert run.latest_version() == 2
         # the resumed process started from the distilled drafter of v1, not the original weights
         assert {r["drafter_versions"]["draft"] for r in read_jsonl(run.rollouts(2))} == {1}
