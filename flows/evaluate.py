@@ -28,7 +28,7 @@ def evaluate_policy(run_root: str, limit: int | None) -> dict[str, Any]:
     greedy = config.sampling.model_copy(update={"temperature": 0.0, "n": 1})
     outputs = host.engine.generate([Request(str(r["id"]), messages=r["messages"]) for r in rows], greedy).outputs
     columns = {"answer": [r.get("answer") for r in rows], "task": [r.get("task", "") for r in rows],
-               "id": [str(r["id"]) for r in rows]}
+               "id": [str(r["id"]) for r in rows], "metadata": [r.get("metadata") for r in rows]}
     totals, per_reward = combine_rewards([o.text for o in outputs], columns, dict(config.train.rewards))
     version = host.engine.policy_version
     write_jsonl(run.root / "eval" / f"v{version:06d}.jsonl",

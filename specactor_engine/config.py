@@ -262,6 +262,9 @@ class DataConfig(_Frozen):
         "reasoning_gym", description="Prompt source: generated reasoning-gym tasks or a local file/dir.")
     tasks: list[str] = Field(default_factory=lambda: ["chain_sum"], description="reasoning-gym task names.")
     count_per_task: int = Field(64, ge=1, description="reasoning-gym items generated per task.")
+    task_config: dict[str, dict[str, Any]] = Field(default_factory=dict, description=(
+        "reasoning-gym dataset settings per task (its config's fields: chain_sum {min_terms, max_terms, min_digits, "
+        "max_digits, ...}); a task not named keeps reasoning-gym's defaults."))
     path: str | None = Field(None, description="Local JSONL/parquet file or saved HF dataset dir.")
     prompt_column: str = Field("prompt", description="Column with the prompt text or chat messages.")
     answer_column: str = Field("answer", description="Column with the reference answer.")
@@ -279,6 +282,9 @@ class DataConfig(_Frozen):
             raise ValueError(f"data.kind '{self.kind}' needs data.path")
         if self.kind == "reasoning_gym" and not self.tasks:
             raise ValueError("data.kind 'reasoning_gym' needs data.tasks (reasoning-gym task names)")
+        unknown = sorted(set(self.task_config) - set(self.tasks))
+        if unknown:
+            raise ValueError(f"data.task_config names tasks not in data.tasks: {unknown} (tasks: {self.tasks})")
         return self
 
 

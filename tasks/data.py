@@ -94,11 +94,14 @@ def write_prompt_file(ds: Dataset, path: str | Path) -> Path:
 
 
 def _reasoning_gym_rows(source: DataConfig) -> list[dict[str, Any]]:
-    return [
-        {"id": item["id"], "messages": build_prompt(item["question"]), "answer": item["answer"], "task": task}
-        for task in source.tasks
-        for item in reasoning_gym_items(task, source.count_per_task, source.seed)
-    ]
+    """Rows of the generated items; their metadata (JSON) goes along, so the reasoning_gym reward scores an item
+    generated with a task_config from it rather than from the id (which it rebuilds with the defaults)."""
+    rows = []
+    for task in source.tasks:
+        for item in reasoning_gym_items(task, source.count_per_task, source.seed, source.task_config.get(task)):
+            rows.append({"id": item["id"], "messages": build_prompt(item["question"]), "answer": item["answer"],
+                         "task": task, "metadata": json.dumps(item["metadata"], sort_keys=True, default=str)})
+    return rows
 
 
 def _read_local(source: DataConfig) -> tuple[Dataset, str]:
@@ -216,9 +219,10 @@ def _to_dataset(rows: list[dict[str, Any]]) -> Dataset:
             "messages": List({"role": Value("string"), "content": Value("string")}),
             "answer": Value("string"),
             "task": Value("string"),
+            "metadata": Value("string"),  # JSON; None for local data
         }
     )
-    return datasets.Dataset.from_list(rows, features=features)
+    return datasets.Dataset.from_list([{**row, "metadata": row.get("metadata")} for row in rows], features=features)
 
 
 def _id_hash(seed: int, row_id: str) -> int:

@@ -65,7 +65,8 @@ def run_rollout(run_root: str, step: int) -> Metrics:
     versions = drafter_versions(host.engine)
     write_jsonl(run.rollouts(step), [
         {**out.to_json(), "step": step, "drafter_versions": versions, "answer": by_id[out.request_id].get("answer"),
-         "task": by_id[out.request_id].get("task", "")} for out in result.outputs])
+         "task": by_id[out.request_id].get("task", ""), "metadata": by_id[out.request_id].get("metadata")}
+        for out in result.outputs])
     return rollout_metrics(result.stats, clock, host.engine.policy_version, versions)
 
 
@@ -88,7 +89,7 @@ def score_rewards(run_root: str, step: int) -> Metrics:
     host, run = host_for(run_root), RunDir(Path(run_root))
     records = read_jsonl(run.rollouts(step))
     columns = {"answer": [r["answer"] for r in records], "task": [r["task"] for r in records],
-               "id": [r["id"] for r in records]}
+               "id": [r["id"] for r in records], "metadata": [r.get("metadata") for r in records]}
     totals, per_reward = combine_rewards([r["text"] for r in records], columns, dict(host.config.train.rewards))
     advantages = _advantages(host.config.train.advantage, totals, columns["id"])
     write_jsonl(run.scores(step), [
@@ -174,7 +175,8 @@ def evaluate_step(run_root: str, step: int) -> Metrics:
         result = host.engine.generate(requests, sampling)
     outputs, by_id = result.outputs, {str(row["id"]): row for row in rows}
     columns = {"answer": [by_id[o.request_id].get("answer") for o in outputs],
-               "task": [by_id[o.request_id].get("task", "") for o in outputs], "id": [o.request_id for o in outputs]}
+               "task": [by_id[o.request_id].get("task", "") for o in outputs], "id": [o.request_id for o in outputs],
+               "metadata": [by_id[o.request_id].get("metadata") for o in outputs]}
     totals, per_reward = combine_rewards([o.text for o in outputs], columns, dict(host.config.train.rewards))
     metrics: Metrics = {f"eval/{key}": value for key, value in reward_metrics(totals, per_reward).items()}
     metrics |= {"eval/policy_version": host.engine.policy_version, "eval/prompts": len(rows),

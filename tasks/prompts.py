@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import reasoning_gym
 
@@ -17,8 +17,10 @@ SUPPORTED_TASKS = ("chain_sum", "basic_arithmetic", "countdown", "gsm_symbolic",
 INSTRUCTION = "Reason step by step, then give the final answer in \\boxed{}."
 
 
-def reasoning_gym_items(task: str, count: int, seed: int) -> list[dict[str, Any]]:
-    """`count` items of `task`, deterministic for `seed`: dicts {id, question, answer, task, metadata}.
+def reasoning_gym_items(task: str, count: int, seed: int, config: Mapping[str, Any] | None = None
+                        ) -> list[dict[str, Any]]:
+    """`count` items of `task`, deterministic for `seed` (and `config`, reasoning-gym's dataset settings of the
+    task): dicts {id, question, answer, task, metadata}.
 
     Item i is the same whatever `count` is, so a larger count extends a smaller one.
     """
@@ -26,7 +28,10 @@ def reasoning_gym_items(task: str, count: int, seed: int) -> list[dict[str, Any]
         raise ValueError(f"unknown task {task!r}; expected one of: {', '.join(SUPPORTED_TASKS)}")
     if count < 1:
         raise ValueError(f"count must be >= 1, got {count}")
-    dataset = reasoning_gym.create_dataset(task, size=count, seed=seed)
+    try:
+        dataset = reasoning_gym.create_dataset(task, size=count, seed=seed, **dict(config or {}))
+    except (TypeError, AssertionError, ValueError) as error:
+        raise ValueError(f"task_config of {task!r} {dict(config or {})}: reasoning-gym refused it ({error})") from error
     return [
         {
             "id": f"{task}-{seed}-{index}",

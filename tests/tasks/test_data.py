@@ -16,7 +16,7 @@ from tasks.data import (
 )
 from tasks.prompts import build_prompt, reasoning_gym_items
 
-COLUMNS = ["id", "messages", "answer", "task"]
+COLUMNS = ["id", "messages", "answer", "task", "metadata"]
 RECORDS = [
     {"prompt": "What is 1 + 1?", "answer": "2"},
     {"prompt": "What is 2 + 3?", "answer": "5"},
@@ -31,7 +31,8 @@ def _write_jsonl(path: Path, records: list[dict]) -> Path:
 
 def _expected_local(stem: str, records: list[dict]) -> list[dict]:
     return [
-        {"id": f"{stem}-{i}", "messages": [{"role": "user", "content": r["prompt"]}], "answer": r["answer"], "task": ""}
+        {"id": f"{stem}-{i}", "messages": [{"role": "user", "content": r["prompt"]}], "answer": r["answer"], "task": "",
+         "metadata": None}
         for i, r in enumerate(records)
     ]
 
@@ -46,9 +47,31 @@ def test_reasoning_gym_source(gym_ds):
     assert gym_ds.column_names == COLUMNS
     items = reasoning_gym_items("chain_sum", 10, 4) + reasoning_gym_items("gsm_symbolic", 10, 4)
     assert gym_ds.to_list() == [
-        {"id": item["id"], "messages": build_prompt(item["question"]), "answer": item["answer"], "task": item["task"]}
+        {"id": item["id"], "messages": build_prompt(item["question"]), "answer": item["answer"], "task": item["task"],
+         "metadata": json.dumps(item["metadata"], sort_keys=True, default=str)}
         for item in items
     ]
+
+
+def test_a_task_config_sets_the_difficulty_and_the_reward_scores_from_the_rows_metadata():
+    """Items generated with a task_config differ from the defaults of the same id, so the reasoning_gym reward
+    must score them from the metadata the rows carry, not by rebuilding the item from the id."""
+    from tasks.rewards import combine_rewards
+
+    easy = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
+    ds = load_prompt_dataset(DataConfig(tasks=["chain_sum"], count_per_task=8, seed=3, task_config={"chain_sum": easy}))
+    default = load_prompt_dataset(DataConfig(tasks=["chain_sum"], count_per_task=8, seed=3))
+    assert ds["id"] == default["id"] and ds["answer"] != default["answer"]
+    for row in ds:
+        assert json.loads(row["metadata"])["num_terms"] == 2 and len(row["messages"][0]["content"]) > 0
+    columns = {"answer": ds["answer"], "task": ds["task"], "id": ds["id"], "metadata": ds["metadata"]}
+    right = [f"\\boxed{{{answer}}}" for answer in ds["answer"]]
+    totals, per_reward = combine_rewards(right, columns, {"reasoning_gym": 1.0})
+    assert per_reward["reasoning_gym"] == [1.0] * len(ds)
+    with pytest.raises(ValueError, match="task_config names tasks not in data.tasks"):
+        DataConfig(tasks=["chain_sum"], task_config={"basic_arithmetic": easy})
+    with pytest.raises(ValueError, match="reasoning-gym refused it"):
+        load_prompt_dataset(DataConfig(tasks=["chain_sum"], count_per_task=2, task_config={"chain_sum": {"bogus": 1}}))
 
 
 def test_jsonl_source(tmp_path):
@@ -102,6 +125,7 @@ def test_custom_columns_and_instruction(tmp_path):
             "messages": [{"role": "user", "content": f"{record['question']}\n\nPut the answer in \\boxed{{}}."}],
             "answer": str(record["solution"]),
             "task": record["kind"],
+            "metadata": None,
         }
         for record in records
     ]
