@@ -247,10 +247,13 @@ class Engine:
 
         A later call of at most this size reuses the buffers (as every step of a training run does);
         this moves the one-off allocation (gigabytes at large batches) to start-up, where vLLM's own
-        KV cache allocation is too.
+        KV cache allocation is too. A dynamic verify length's cost profile for this size is measured (or
+        loaded) here too, so a timed `generate` after it holds decoding only.
         """
         runnable = [s for s in self._prepare(requests, sampling) if s.error is None]
         if runnable:
+            if self.verify_length == "dynamic":
+                self._ensure_length_policy(min(len(runnable), self.max_batch_size), self._longest(runnable, sampling))
             num_slots, max_len = self._reserve(runnable, sampling)
             if self.coordinator is not None and not self.coordinator.reserve(num_slots, max_len):
                 logger.warning("a drafter worker did not size its KV cache in time; it will on the first generate")

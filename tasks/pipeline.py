@@ -171,6 +171,7 @@ def evaluate_step(run_root: str, step: int) -> Metrics:
                          "train.eval.enabled=false")
     requests = [Request(str(row["id"]), messages=row["messages"]) for row in rows]
     sampling = host.config.sampling.model_copy(update={"seed": host.config.sampling.seed + EVAL_SEED_OFFSET})
+    host.engine.reserve(requests, sampling)  # caches and the verify length's cost profile: not in the timings
     with host.engine.history_kept():  # an evaluation's rollouts must not draft the next evaluation's
         result = host.engine.generate(requests, sampling)
     outputs, by_id = result.outputs, {str(row["id"]): row for row in rows}

@@ -31,8 +31,9 @@ def write_jsonl(path: Path, records: Iterable[dict[str, Any]]) -> Path:
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """The JSON objects of a JSONL file (blank lines skipped)."""
-    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+    """The JSON objects of a JSONL file (blank lines skipped). Lines end at \\n only: `str.splitlines` also
+    breaks at U+2028, U+0085 and others, which JSON leaves unescaped inside strings (a model's text has them)."""
+    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").split("\n") if line.strip()]
 
 
 @dataclass(frozen=True)

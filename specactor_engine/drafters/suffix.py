@@ -169,7 +169,9 @@ class SuffixHistory:
         tmp.replace(path)
 
     def load(self, path: Path) -> None:
-        for line in path.read_text(encoding="utf-8").splitlines():
+        for line in path.read_text(encoding="utf-8").split("\n"):  # not splitlines: JSON leaves U+2028 unescaped
+            if not line.strip():
+                continue
             record = json.loads(line)
             self.outputs[record["prompt"]] = deque(record["outputs"], maxlen=self.max_per_prompt)
 

@@ -31,7 +31,7 @@ class DistillDataError(ValueError):
 def read_rollout_records(path: Path) -> list[Pair] | None:
     """(prompt_ids, output_ids) pairs if every line is a rollout record; None if the file holds prompts."""
     pairs: list[Pair] = []
-    for number, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for number, raw in enumerate(path.read_text(encoding="utf-8").split("\n"), start=1):  # not splitlines: U+2028
         if not raw.strip():
             continue
         try:
@@ -58,7 +58,7 @@ def read_record_top_logprobs(path: Path, k: int) -> list[SoftTargets] | None:
     `sampling.top_logprobs` >= k) cut to the top k, as `teacher_topk` returns them; None unless every
     record has them for every output token (then the teacher pass is needed)."""
     soft: list[SoftTargets] = []
-    for raw in path.read_text(encoding="utf-8").splitlines():
+    for raw in path.read_text(encoding="utf-8").split("\n"):  # not splitlines: U+2028 sits unescaped in JSON
         if not raw.strip():
             continue
         record = json.loads(raw)

@@ -272,3 +272,15 @@ def test_rollouts_inside_history_kept_leave_the_suffix_history_as_it_was(target)
         engine.generate(ragged_requests(4), params)
         assert len(suffix.history) > len(before)  # recorded meanwhile ...
     assert {key: [list(o) for o in outputs] for key, outputs in suffix.history.outputs.items()} == before  # ... and undone
+
+
+def test_reserve_measures_the_verify_length_s_cost_profile_before_the_timed_generate(target):  # noqa: F811
+    """A timed `generate` after `reserve` holds decoding only: the post-training evaluation times the speculative
+    rollout against plain decoding, and the first profile measurement must not land in one of them."""
+    engine = specactor_engine(target, [make_drafter("ngram", target, torch.float64)], verify_length="dynamic")
+    assert engine.length_policy is None
+    engine.reserve(ragged_requests(3), sampling(1.0, n=2, max_new_tokens=8))
+    assert engine.length_policy is not None and engine.cost_table is not None
+    table = engine.cost_table
+    engine.generate(ragged_requests(3), sampling(1.0, n=2, max_new_tokens=8))
+    assert engine.cost_table is table  # not measured again

@@ -53,3 +53,12 @@ def test_atomic_write_keeps_the_old_file_on_failure(tmp_path: Path, monkeypatch)
         atomic_write_text(target, "new")
     assert target.read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["f.txt"]
+
+
+def test_jsonl_records_whose_text_holds_unicode_line_separators_read_back_whole(tmp_path: Path):
+    """A rollout's text may hold U+2028, U+2029 or U+0085 (SmolLM2 produced one at step 9 of a run): JSON keeps
+    them unescaped, and `str.splitlines` would cut the record there."""
+    records = [{"id": "a", "text": "one\u2028two\u2029three\x85four\x1cfive"}, {"id": "b", "text": "plain"}]
+    path = write_jsonl(tmp_path / "rollouts.jsonl", records)
+    assert "\u2028" in path.read_text(encoding="utf-8")  # written as is, not escaped
+    assert read_jsonl(path) == records
