@@ -234,6 +234,7 @@ def train(
 def _print_train_summary(result: dict) -> None:
     """The per-step table (reward, rollout, acceptance, the step's time split) and, when the run evaluated, the
     held-out evaluation before and after training with the rollout speedup measured on the same prompts."""
+    out = Console(width=max(console.width, 120))  # the tables' columns, not cut to a pipe's 80
     steps = {step: metrics for step, metrics in result["steps"].items() if step > 0}
     table = Table(title=f"post-training -> {result['run_dir']}")
     columns = [("step", "step", "{}"), ("reward", "reward/mean", "{:.3f}"), ("accuracy", "accuracy", "{:.2f}"),
@@ -242,7 +243,7 @@ def _print_train_summary(result: dict) -> None:
                ("update s", "time/update_s", "{:.1f}"), ("sync s", "time/sync_s", "{:.1f}"),
                ("eval s", "time/eval_s", "{:.1f}")]
     _add_rows(table, columns, [steps[step] for step in sorted(steps)])
-    console.print(table)
+    out.print(table)
     evaluations = [metrics for _, metrics in sorted(result["steps"].items()) if "eval/reward/mean" in metrics]
     if evaluations:
         table = Table(title="held-out evaluation (the same prompts and sampling noise each time)")
@@ -252,23 +253,24 @@ def _print_train_summary(result: dict) -> None:
                    ("plain decoding s", "eval/ar_rollout_s", "{:.1f}"),
                    ("speedup", "eval/rollout_speedup", "{:.2f}x"), ("identical", "eval/identical", "{:.0%}")]
         _add_rows(table, columns, evaluations)
-        console.print(table)
+        out.print(table)
         first, last = evaluations[0], evaluations[-1]
         if len(evaluations) > 1:
-            console.print(f"held-out reward {first['eval/reward/mean']:.3f} -> {last['eval/reward/mean']:.3f}, "
-                          f"accuracy {first['eval/accuracy']:.2f} -> {last['eval/accuracy']:.2f} (policy "
-                          f"v{first['eval/policy_version']} -> v{last['eval/policy_version']})", highlight=False)
+            out.print(f"held-out reward {first['eval/reward/mean']:.3f} -> {last['eval/reward/mean']:.3f}, "
+                      f"accuracy {first['eval/accuracy']:.2f} -> {last['eval/accuracy']:.2f} (policy "
+                      f"v{first['eval/policy_version']} -> v{last['eval/policy_version']})",
+                      highlight=False, soft_wrap=True)
         if "eval/rollout_speedup" in last:
-            console.print(f"rollout speedup over plain decoding on the held-out prompts (v{last['eval/policy_version']}"
-                          f"): {last['eval/rollout_speedup']:.2f}x ({last['eval/ar_rollout_s']:.1f} s -> "
-                          f"{last['eval/rollout_s']:.1f} s), outputs identical: {last['eval/identical']:.0%}",
-                          highlight=False)
+            out.print(f"rollout speedup over plain decoding on the held-out prompts (v{last['eval/policy_version']}"
+                      f"): {last['eval/rollout_speedup']:.2f}x ({last['eval/ar_rollout_s']:.1f} s -> "
+                      f"{last['eval/rollout_s']:.1f} s), outputs identical: {last['eval/identical']:.0%}",
+                      highlight=False, soft_wrap=True)
     console.print(f"run directory: {result['run_dir']}\nW&B files: {result['wandb_dir']}", highlight=False)
 
 
 def _add_rows(table: Table, columns: list[tuple[str, str, str]], rows: list[dict]) -> None:
     for label, _, _ in columns:
-        table.add_column(label, justify="right")
+        table.add_column(label, justify="right", no_wrap=True)
     for metrics in rows:
         table.add_row(*[fmt.format(metrics[key]) if key in metrics else "-" for _, key, fmt in columns])
 
