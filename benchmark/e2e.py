@@ -4,8 +4,8 @@
     python -m benchmark.e2e                                   # the `make run` config, 5 steps each way
     python -m benchmark.e2e --config C --steps 5 --repeats 2 --out bench/e2e
 
-Each run is a fresh `specactor train` process in its own run directory under --out (the evaluation is switched
-off: only the steps are timed); the modes alternate (speculative, ar, speculative, ...) so that a drift of the
+Each run is a fresh `specactor train` process in its own run directory under --runs (checkpoints included, so
+not beside the results; the evaluation is switched off: only the steps are timed); the modes alternate (speculative, ar, speculative, ...) so that a drift of the
 shared machine falls on both. Reported per mode: the median over the runs' steps of the step time and of its
 parts (rollout, reward, update, sync; steps/NNNNNN/metrics.json), the rollouts' acceptance length, and the
 ratio of the medians. Written as e2e.json and e2e.md. Speed lives here, not in tests.
@@ -88,7 +88,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=1, help="runs per mode (alternating)")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         help="an extra config override for both modes, e.g. --set sampling.max_new_tokens=64")
-    parser.add_argument("--out", type=Path, default=Path("bench/e2e"), help="results and run directories")
+    parser.add_argument("--out", type=Path, default=Path("bench/e2e"), help="results (e2e.json, e2e.md, logs)")
+    parser.add_argument("--runs", type=Path, default=Path("runs/e2e"), help="the runs' directories (checkpoints)")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     from specactor_engine.config import load_config
@@ -98,7 +99,7 @@ def main(argv: list[str] | None = None) -> None:
     busy_before, wall_before = busy_cpu_s(), time.perf_counter()
     for repeat in range(args.repeats):
         for label, mode in (("speculative", None), ("ar", "ar")):
-            run_dir = args.out / "runs" / f"{label}-{repeat}"
+            run_dir = args.runs / f"{label}-{repeat}"
             if run_dir.exists():
                 import shutil
 
