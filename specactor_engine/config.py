@@ -302,6 +302,10 @@ class OptimConfig(_Frozen):
     loss_agg: Literal["token_mean", "seq_mean"] = Field(
         "token_mean", description="Loss aggregation: mean over output tokens (DAPO) or over sequences.")
     zero_stage: int = Field(2, ge=0, le=3, description="DeepSpeed ZeRO stage.")
+    old_logprobs: Literal["rollout", "trainer"] = Field("rollout", description=(
+        "The importance ratio's denominator: 'rollout', the engine's log-probabilities of the sampled tokens; "
+        "'trainer', the trainer's own (detached): each batch gets one update, so the ratio is exactly 1 and the "
+        "engine/trainer numerics (a bf16 update against an fp32 engine) clip nothing (as verl recomputes them)."))
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = Field(
         "float32", description="Training dtype: bfloat16/float16 compute over fp32 master weights (docs/training.md; "
         "float16 needs a GPU); auto: bfloat16 where the device computes it natively (a CUDA GPU with bf16, a CPU "

@@ -390,10 +390,17 @@ class PolicyTrainer:
         if self.reference is not None:
             with torch.no_grad():
                 ref_logprobs, _ = output_logprobs(self.reference, micro, self.temperature)
-        return grpo_loss(new_logprobs, micro.old_logprobs, micro.advantages, micro.mask,
-                         clip_eps=self.cfg.clip_eps, clip_eps_high=self.cfg.clip_eps_high,
-                         ref_logprobs=ref_logprobs, kl_coef=self.cfg.kl_coef, loss_agg=self.cfg.loss_agg,
-                         entropy=entropy)
+        # 'trainer': this batch's single update starts from the weights that rolled it out, so the trainer's own
+        # log-probabilities are the old ones up to numerics (docs/training.md)
+        old = micro.old_logprobs if self.cfg.old_logprobs == "rollout" else new_logprobs.detach()
+        loss, metrics = grpo_loss(new_logprobs, old, micro.advantages, micro.mask,
+                                  clip_eps=self.cfg.clip_eps, clip_eps_high=self.cfg.clip_eps_high,
+                                  ref_logprobs=ref_logprobs, kl_coef=self.cfg.kl_coef, loss_agg=self.cfg.loss_agg,
+                                  entropy=entropy)
+        with torch.no_grad():  # how far the trainer's log-probabilities are from the engine's (numerics, or staleness)
+            gap = (new_logprobs.detach() - micro.old_logprobs).abs() * micro.mask
+            metrics["rollout_logprob_gap"] = float(gap.sum() / micro.mask.sum().clamp_min(1))
+        return loss, metrics
 
     def _aggregation_count(self, batch: RolloutBatch) -> int:
         """What the loss mean divides by: output tokens (token_mean) or sequences with any (seq_mean)."""

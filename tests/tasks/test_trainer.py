@@ -181,6 +181,26 @@ def test_auto_dtype_is_bf16_only_where_the_device_computes_it_natively():
     assert resolve_dtype(explicit, bf16_native=True) is explicit
 
 
+def test_trainer_old_logprobs_make_the_update_the_on_policy_one_whatever_the_rollout_logprobs():
+    """old_logprobs 'trainer': the ratio's denominator is the trainer's own detached log-probability, so an update
+    on rollout log-probabilities that disagree with the trainer's (a bf16 trainer against an fp32 engine) clips
+    nothing and equals the update with exactly on-policy ones; the gap is reported, not trained on."""
+    batch = RolloutBatch.make_dummy(num_samples=5, seed=1)
+    reference = _trainer(seed=3, zero_stage=0, micro_batch_size=2)
+    on_policy = _on_policy(reference, batch)
+    skewed = RolloutBatch(on_policy.prompt_token_ids, on_policy.output_token_ids,
+                          [[lp + 0.3 * (i % 3 - 1) for i, lp in enumerate(row)] for row in on_policy.old_logprobs],
+                          on_policy.advantages)
+    own = _trainer(seed=3, zero_stage=0, micro_batch_size=2, old_logprobs="trainer")
+    got, expected = own.step(skewed), reference.step(on_policy)
+    assert got["clip_fraction"] == 0.0 and got["ratio_mean"] == pytest.approx(1.0, abs=1e-6)
+    assert got["rollout_logprob_gap"] == pytest.approx(0.2, abs=0.05) and expected["rollout_logprob_gap"] < 1e-5
+    assert got["loss"] == pytest.approx(expected["loss"], abs=1e-6)
+    trained, wanted = _weights(own), _weights(reference)
+    for name in wanted:
+        torch.testing.assert_close(trained[name], wanted[name], atol=1e-6, rtol=0, msg=name)
+
+
 def test_recomputed_logprobs_equal_a_plain_forward_per_sample():
     trainer = _trainer(seed=1, micro_batch_size=3, temperature=0.7)
     batch = RolloutBatch.make_dummy(num_samples=5, seed=2)
