@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -101,8 +103,6 @@ def main(argv: list[str] | None = None) -> None:
         for label, mode in (("speculative", None), ("ar", "ar")):
             run_dir = args.runs / f"{label}-{repeat}"
             if run_dir.exists():
-                import shutil
-
                 shutil.rmtree(run_dir)
             command = train_command(args.config, run_dir, args.steps, mode, args.overrides)
             print(f"[{label} {repeat + 1}/{args.repeats}] {' '.join(command[1:])}", flush=True)
@@ -117,8 +117,6 @@ def main(argv: list[str] | None = None) -> None:
     wall = time.perf_counter() - wall_before
     others = None
     if busy_before is not None:  # the runs' own processes are children: their CPU is all but the others'
-        import os
-
         children = os.times()
         own = children.children_user + children.children_system
         capacity = wall * (os.cpu_count() or 1)
@@ -130,7 +128,8 @@ def main(argv: list[str] | None = None) -> None:
         "speculative_mode": speculative_mode, "modes": modes,
         "step_speedup": modes["ar"]["step_s"] / modes["speculative"]["step_s"],
         "rollout_speedup": modes["ar"]["rollout_s"] / modes["speculative"]["rollout_s"],
-        "others_cpu_share": others, "machine": machine_info(os_threads()),
+        # the runs use torch's default threads: every core
+        "others_cpu_share": others, "machine": machine_info(os.cpu_count() or 1),
         "command": "python -m benchmark.e2e " + " ".join(argv if argv is not None else sys.argv[1:]),
         "per_step": steps,
     }
@@ -138,12 +137,6 @@ def main(argv: list[str] | None = None) -> None:
     text = report(results)
     (args.out / "e2e.md").write_text(text, encoding="utf-8")
     print(text)
-
-
-def os_threads() -> int:
-    import torch
-
-    return torch.get_num_threads()
 
 
 if __name__ == "__main__":
