@@ -434,6 +434,22 @@ def default_config_text() -> str:
     return resources.files("specactor_engine").joinpath(DEFAULT_CONFIG_RESOURCE).read_text(encoding="utf-8")
 
 
+class _Loader(yaml.SafeLoader):
+    """YAML as PyYAML's safe loader reads it, except that floats follow YAML 1.2: `1e-5` and `3E+2` are numbers
+    (YAML 1.1, PyYAML's default, needs a dot and a signed exponent, so `lr: 1e-5` was the string '1e-5')."""
+
+
+_Loader.yaml_implicit_resolvers = {key: list(value) for key, value in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"""^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"""),
+    list("-+0123456789"))
+
+
+def _load_yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader subclass)
+
+
 def parse_override(text: str, source: str = "--set") -> tuple[str, Any]:
     """Split `a.b.0.c=value` into the dotted key and the YAML-parsed value."""
     key, sep, value = text.partition("=")
@@ -444,7 +460,7 @@ def parse_override(text: str, source: str = "--set") -> tuple[str, Any]:
             "e.g. rollout.num_draft_tokens=4"
         )
     try:
-        return key, yaml.safe_load(value)
+        return key, _load_yaml(value)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{source}: bad override '{text}': value is not valid YAML ({exc})") from None
 
@@ -452,7 +468,7 @@ def parse_override(text: str, source: str = "--set") -> tuple[str, Any]:
 def _read_yaml(path: str | Path | None, source: str) -> dict[str, Any]:
     try:
         text = default_config_text() if path is None else Path(path).read_text(encoding="utf-8")
-        data = yaml.safe_load(text)
+        data = _load_yaml(text)
     except (FileNotFoundError, IsADirectoryError):
         raise ConfigError(f"{source}: config file not found") from None
     except (OSError, UnicodeDecodeError) as exc:

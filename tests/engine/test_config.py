@@ -101,6 +101,16 @@ def test_override_replaces_a_whole_list() -> None:
     assert cfg.rollout.drafters == [ModelDrafterConfig(kind="model", model="tiny", dtype="float64")]
 
 
+def test_exponent_floats_without_a_dot_are_numbers(tmp_path: Path) -> None:
+    # YAML 1.1 (PyYAML's default) reads 1e-5 as a string, which a user typing --set train.optim.lr=1e-5 got as
+    # "must be a number"; the loader reads floats as YAML 1.2 does, in files and in overrides
+    assert parse_override("a=1e-5") == ("a", 1e-5) and parse_override("a=-2.5E+3") == ("a", -2500.0)
+    assert parse_override("a=1e") == ("a", "1e") and parse_override("a=x1e5") == ("a", "x1e5")
+    cfg = load_config(write_yaml(tmp_path, "model: {target: /models/tiny}\nsampling: {temperature: 7e-1}\n"),
+                      ["sampling.top_p=9E-1"])
+    assert (cfg.sampling.temperature, cfg.sampling.top_p) == (0.7, 0.9)
+
+
 def test_parse_override() -> None:
     assert parse_override("a.b.0.c=[1, 2]") == ("a.b.0.c", [1, 2])
     assert parse_override("a=x=y") == ("a", "x=y")
