@@ -279,11 +279,15 @@ def _add_rows(table: Table, columns: list[tuple[str, str, str]], rows: list[dict
 def deploy(
     name: Annotated[str, typer.Option("--name", help="Deployment name.")] = "post-training",
     config: Annotated[Path | None, typer.Option("--config", "-c", help="Config passed to every run.")] = None,
+    overrides: Annotated[list[str] | None, typer.Option(
+        "--set", help="Override a key in every run: --set rollout.replicas=2 (checked now, as `train` does)")] = None,
 ) -> None:
     """Serve the post-training flow as a Prefect deployment (start runs with `prefect deployment run`)."""
-    from flows.post_training import post_training
+    from flows.post_training import check_train_config, post_training
 
-    parameters = {"config_path": str(config.resolve()) if config else None, "overrides": []}
+    with user_errors(ValueError):  # a bad config or override fails here, not in every run the deployment starts
+        check_train_config(load_config(config, overrides or ()))
+    parameters = {"config_path": str(config.resolve()) if config else None, "overrides": list(overrides or ())}
     console.print(f"serving deployment 'post_training/{name}'; run it with: "
                   f"prefect deployment run 'post_training/{name}'", highlight=False)
     post_training.serve(name=name, parameters=parameters)

@@ -274,3 +274,18 @@ def test_train_refuses_bad_settings_before_any_work(tmp_path):
     assert bad_reward.exit_code == 2 and "unknown reward" in bad_reward.output
     fp16 = runner.invoke(app, ["train", "--set", "train.optim.dtype=float16"])
     assert fp16.exit_code == 2 and "float16" in fp16.output
+
+
+def test_deploy_passes_overrides_to_every_run_and_checks_them_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`specactor deploy --set ...` serves the flow with the overrides as a parameter of every run; a bad override
+    is refused before anything is served."""
+    from flows.post_training import post_training
+
+    served: list[dict] = []
+    monkeypatch.setattr(type(post_training), "serve", lambda self, name, parameters: served.append(parameters))
+    config = Path(__file__).resolve().parents[2] / "configs" / "train_smollm2.yaml"
+    result = run("deploy", "--config", config, "--set", "rollout.num_draft_tokens=2", "--set", "train.steps=3")
+    assert result.exit_code == 0, result.output
+    assert served == [{"config_path": str(config), "overrides": ["rollout.num_draft_tokens=2", "train.steps=3"]}]
+    bad = run("deploy", "--config", config, "--set", "train.rewards={nope: 1.0}")
+    assert bad.exit_code == 2 and "unknown reward" in bad.output and len(served) == 1
