@@ -18,6 +18,7 @@ from tasks.runtime import RunHost, get_host, set_host
 if TYPE_CHECKING:
     from specactor_engine.engine import Engine
     from tasks.trainer import PolicyTrainer
+    from tasks.trainer_ranks import RankedTrainer
 
 WEIGHTS_FILE = "model.safetensors"
 
@@ -58,18 +59,23 @@ def build_engine(config: SpecActorConfig, source: Path, version: int) -> Engine:
 
 
 def build_trainer(config: SpecActorConfig, source: Path, version: int = 0,
-                  reference: Path | None = None) -> PolicyTrainer:
-    """The policy trainer configured by train.optim (float32 master weights) on the model at `source`; for
+                  reference: Path | None = None) -> PolicyTrainer | RankedTrainer:
+    """The policy trainer configured by train.optim (float32 master weights; `world_size` > 1: Ray actors,
+    tasks/trainer_ranks.py) on the model at `source`; for
     v<version> > 0, `source` is its checkpoint and the trainer is restored to it exactly (weights, optimizer
     and engine state, RNG streams). `reference`: the KL term's frozen policy (default: the model at `source`)."""
     from transformers import AutoModelForCausalLM
 
     from tasks.trainer import PolicyTrainer
+    from tasks.trainer_ranks import RankedTrainer
 
-    model = AutoModelForCausalLM.from_pretrained(source, dtype="float32")
-    frozen = AutoModelForCausalLM.from_pretrained(reference, dtype="float32") if reference is not None else None
-    trainer = PolicyTrainer(model, config.train.optim, temperature=config.sampling.temperature,
-                            seed=config.sampling.seed, reference=frozen)
+    optim, temperature, seed = config.train.optim, config.sampling.temperature, config.sampling.seed
+    if optim.world_size > 1:  # Ray actors, one rank each; the same interface
+        trainer = RankedTrainer(source, optim, temperature=temperature, seed=seed, reference=reference)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(source, dtype="float32")
+        frozen = AutoModelForCausalLM.from_pretrained(reference, dtype="float32") if reference is not None else None
+        trainer = PolicyTrainer(model, optim, temperature=temperature, seed=seed, reference=frozen)
     if version:
         trainer.load_checkpoint(source)
         if trainer.version not in (0, version):  # 0: a checkpoint without training state does not say

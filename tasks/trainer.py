@@ -291,24 +291,36 @@ class PolicyTrainer:
         self.version += 1
         engine_norm = self.engine.get_global_grad_norm()
         grad_norm = float(engine_norm) if engine_norm is not None else grad_norm
-        return {**sums, "grad_norm": grad_norm, "lr": float(self.engine.get_lr()[0]),
-                "tokens": float(batch.num_output_tokens), "sequences": float(len(batch))}
+        counts = self._sum_over_ranks({"tokens": float(batch.num_output_tokens), "sequences": float(len(batch))})
+        return {**sums, "grad_norm": grad_norm, "lr": float(self.engine.get_lr()[0]), **counts}
 
     def backward(self, batch: RolloutBatch) -> dict[str, float]:
         """The first half of `step`: the batch's loss backpropagated over its micro-batches, the gradients left
-        for the update (`deepspeed.utils.safe_get_full_grad` reads them in between); returns the loss metrics."""
-        total = self._aggregation_count(batch)
+        for the update (`deepspeed.utils.safe_get_full_grad` reads them in between); returns the loss metrics.
+        With several ranks `batch` is this rank's rows: the mean is over every rank's tokens (or sequences) and
+        the metrics are summed over ranks, so the update and metrics are those of the whole batch on one rank."""
+        total = self._sum_over_ranks({"count": float(self._aggregation_count(batch))})["count"]
         if total == 0:
             raise ValueError("RolloutBatch has no output tokens to train on")
+        ranks = torch.distributed.get_world_size()  # DeepSpeed averages the ranks' gradients: undo the 1 / ranks
         self.engine.train()
         sums: dict[str, float] = {}
         for _, part in self._micro_batches(batch):
             weight = self._aggregation_count(part) / total  # micro-batch mean -> its share of the batch mean
             loss, metrics = self._micro_loss(collate(part, self.engine.device))
-            self.engine.backward(loss * weight, scale_wrt_gas=False)
+            self.engine.backward(loss * (weight * ranks), scale_wrt_gas=False)
             for name, value in metrics.items():
                 sums[name] = sums.get(name, 0.0) + weight * value
-        return sums
+        return self._sum_over_ranks(sums)
+
+    def _sum_over_ranks(self, values: dict[str, float]) -> dict[str, float]:
+        """`values` summed over the ranks (every rank passes the same names)."""
+        if torch.distributed.get_world_size() == 1:
+            return values
+        names = sorted(values)
+        summed = torch.tensor([values[name] for name in names], dtype=torch.float64, device=self.engine.device)
+        torch.distributed.all_reduce(summed)
+        return dict(zip(names, summed.tolist()))
 
     @torch.no_grad()
     def logprobs(self, batch: RolloutBatch) -> list[list[float]]:

@@ -67,6 +67,10 @@ def test_config_errors_name_the_field():
         OptimConfig(clip_eps=1.0)
     with pytest.raises(ValidationError, match="beta"):
         OptimConfig(betas=(0.9, 1.0))
+    for stage in (0, 3):
+        with pytest.raises(ValidationError, match="world_size 2 needs zero_stage 1 or 2"):
+            OptimConfig(world_size=2, zero_stage=stage)
+    assert OptimConfig(world_size=2, zero_stage=1).world_size == 2 and OptimConfig().world_size == 1
     assert OptimConfig(betas=[0.9, 0.95]).betas == (0.9, 0.95)  # a YAML list coerces
     overrides = ["model.target=x", "train.optim.betas=[0.9, 0.95]", "train.optim.kl_coef=0.1"]
     optim = load_config(None, overrides).train.optim
