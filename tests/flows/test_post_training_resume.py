@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -108,3 +110,56 @@ def test_a_run_killed_mid_step_and_resumed_equals_an_uninterrupted_run(tmp_path,
     finally:
         drop_host(str(resumed.root))
         drop_host(str(whole.root))
+
+
+def _die_at_the_update(rank) -> None:
+    """In a training rank's process: SIGKILL itself when its optimizer step begins (mid-update)."""
+    rank.trainer.engine.step = lambda *args, **kwargs: os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_training_rank_killed_mid_step_is_redone_on_resume(tmp_path, prefect_harness, toy_reward):
+    """train.optim.world_size=2 (Ray actors, ZeRO-2): rank 1 is SIGKILLed within step 2's update. The flow
+    fails, v2 is not published; the same command again redoes step 2, which equals an uninterrupted run's."""
+    import ray
+
+    from flows.post_training import post_training
+    from specactor_engine.decoupled.ray_transport import ensure_ray
+    from tasks.run_dir import RunDir
+    from tasks.runtime import drop_host, get_host
+    from tasks.trainer_ranks import TrainerRankError
+
+    ray_dir = tempfile.mkdtemp(prefix="ray-")  # a short path: Ray's sockets live there
+    ensure_ray(num_cpus=2, temp_dir=ray_dir)
+    policy = save_tiny_model(tmp_path / "policy", "llama", seed=0)
+    data = write_toy_dataset(tmp_path / "toy.jsonl")
+
+    def overrides(run_dir: Path, steps: int = 2) -> list[str]:
+        return flow_overrides(policy, data, run_dir, toy_reward, steps=steps) + [
+            "train.prompts_per_step=2", "train.optim.world_size=2", "train.optim.threads_per_rank=1"]
+
+    whole, resumed = RunDir(tmp_path / "whole"), RunDir(tmp_path / "resumed")
+    try:
+        post_training(config_path=None, overrides=overrides(resumed.root, steps=1), release=False)
+        ranks = get_host(str(resumed.root)).trainer._ranks
+        ray.get(ranks[1].__ray_call__.remote(_die_at_the_update))
+        with pytest.raises(TrainerRankError, match="in step"):
+            post_training(config_path=None, overrides=overrides(resumed.root))  # releases the host and its ranks
+        assert resumed.latest_version() == 1 and resumed.next_step() == 2 and not resumed.metrics(2).exists()
+        post_training(config_path=None, overrides=overrides(resumed.root))
+        post_training(config_path=None, overrides=overrides(whole.root))
+        for step in (1, 2):
+            got, want = resumed.read_metrics(step), whole.read_metrics(step)
+            assert {k: v for k, v in got.items() if k.startswith(_DETERMINISTIC)} == {
+                k: v for k, v in want.items() if k.startswith(_DETERMINISTIC)}, step
+        assert _rollouts(resumed) == _rollouts(whole)
+        assert not differing_tensors(load_file_of(resumed.checkpoint(2)), load_file_of(whole.checkpoint(2)))
+    finally:
+        drop_host(str(resumed.root))
+        ray.shutdown()
+        shutil.rmtree(ray_dir, ignore_errors=True)
+
+
+def load_file_of(checkpoint: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(checkpoint / "model.safetensors")
