@@ -58,6 +58,12 @@ def _kill_during(overrides: list[str], marker: Path, timeout_s: float = 300) -> 
         child.stderr.close()
 
 
+def _weights_at(checkpoint: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(checkpoint / "model.safetensors")
+
+
 def _rollouts(run) -> dict[int, list[tuple]]:
     from tasks.run_dir import read_jsonl
 
@@ -70,8 +76,6 @@ def test_a_run_killed_mid_step_and_resumed_equals_an_uninterrupted_run(tmp_path,
     speculation with an n-gram and a model drafter; 4 steps of 2 prompts x 4 samples. The run is SIGKILLed as
     soon as step 3's rollouts are on disk, then run again: every step's rollouts (token ids and logprobs), rewards
     and update metrics, the final weights and the optimizer state equal the uninterrupted run's bit for bit."""
-    from safetensors.torch import load_file
-
     from flows.post_training import post_training
     from tasks.run_dir import RunDir
     from tasks.runtime import drop_host, get_host
@@ -98,8 +102,7 @@ def test_a_run_killed_mid_step_and_resumed_equals_an_uninterrupted_run(tmp_path,
             assert resumed.scores(step).read_bytes() == whole.scores(step).read_bytes(), step
         assert whole.read_metrics(4)["train/kl"] > 0
         assert _rollouts(resumed) == _rollouts(whole)
-        assert not differing_tensors(load_file(resumed.checkpoint(4) / "model.safetensors"),
-                                     load_file(whole.checkpoint(4) / "model.safetensors"))
+        assert not differing_tensors(_weights_at(resumed.checkpoint(4)), _weights_at(whole.checkpoint(4)))
         trainers = [get_host(str(run.root)).trainer for run in (resumed, whole)]
         assert not differing_tensors(*(dict(t.state_dict_for_sync()) for t in trainers))
         optimizer_states = [flat_tensors(t.engine.optimizer.state_dict()) for t in trainers]
@@ -152,14 +155,8 @@ def test_a_training_rank_killed_mid_step_is_redone_on_resume(tmp_path, prefect_h
             assert {k: v for k, v in got.items() if k.startswith(_DETERMINISTIC)} == {
                 k: v for k, v in want.items() if k.startswith(_DETERMINISTIC)}, step
         assert _rollouts(resumed) == _rollouts(whole)
-        assert not differing_tensors(load_file_of(resumed.checkpoint(2)), load_file_of(whole.checkpoint(2)))
+        assert not differing_tensors(_weights_at(resumed.checkpoint(2)), _weights_at(whole.checkpoint(2)))
     finally:
         drop_host(str(resumed.root))
         ray.shutdown()
         shutil.rmtree(ray_dir, ignore_errors=True)
-
-
-def load_file_of(checkpoint: Path) -> dict:
-    from safetensors.torch import load_file
-
-    return load_file(checkpoint / "model.safetensors")

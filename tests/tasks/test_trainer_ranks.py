@@ -7,7 +7,6 @@ import os
 import signal
 
 import pytest
-import torch
 from transformers import AutoModelForCausalLM
 
 from specactor_engine.config import OptimConfig
