@@ -69,6 +69,7 @@ def post_training(config_path: str | None = None, overrides: Sequence[str] = (),
                 metrics["alarms"] = alarms
             run.write_metrics(step, metrics)
             run.publish(step)
+            run.prune_training_states(keep=step)
             history[step] = metrics
             tracker.log(step, metrics)
             _artifact(step, metrics)

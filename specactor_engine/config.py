@@ -316,6 +316,13 @@ class OptimConfig(_Frozen):
         "null: micro_batch_size alone. Rows are grouped by length either way, so little is padding."))
     backend: Literal["auto", "gloo", "nccl"] = Field(
         "auto", description="torch.distributed backend; 'auto': nccl with CUDA, gloo on CPU.")
+    world_size: int = Field(1, ge=1, description=(
+        "DeepSpeed ranks of the update: 1 runs in the flow's process; more run as Ray actors (one GPU each where "
+        "there are GPUs), the batch's rows split across them (docs/training.md). Several ranks need ZeRO 1 or 2."))
+    threads_per_rank: int | None = Field(None, ge=1, description=(
+        "torch threads of each Ray rank (world_size > 1); None: this machine's cores / world_size."))
+    ray_address: str | None = Field(None, description=(
+        "With world_size > 1: the Ray cluster to run the ranks on (e.g. 'auto'); None starts a local Ray instance."))
 
     @field_validator("betas")
     @classmethod
@@ -323,6 +330,14 @@ class OptimConfig(_Frozen):
         if not all(0 <= beta < 1 for beta in betas):
             raise ValueError(f"each beta must be in [0, 1), got {betas}")
         return betas
+
+    @model_validator(mode="after")
+    def _check_ranks(self) -> OptimConfig:
+        if self.world_size > 1 and self.zero_stage not in (1, 2):
+            raise ValueError(f"world_size {self.world_size} needs zero_stage 1 or 2 (got {self.zero_stage}): ZeRO-0 "
+                             "reports no global gradient norm, ZeRO-3 gathers weights in every forward, which ranks "
+                             "with different numbers of micro-batches cannot pair up")
+        return self
 
     @property
     def use_reference(self) -> bool:

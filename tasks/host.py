@@ -18,6 +18,7 @@ from tasks.runtime import RunHost, get_host, set_host
 if TYPE_CHECKING:
     from specactor_engine.engine import Engine
     from tasks.trainer import PolicyTrainer
+    from tasks.trainer_ranks import RankedTrainer
 
 WEIGHTS_FILE = "model.safetensors"
 
@@ -31,7 +32,9 @@ def build_host(run_root: str, config: SpecActorConfig, with_trainer: bool = True
     host = RunHost(config=config, engine=engine, tokenizer=engine.tokenizer)
     if version:
         load_drafters(host, run.checkpoint(version), version)
-    host.trainer = build_trainer(config, source) if with_trainer else None
+    if with_trainer:  # the KL reference is the initial policy, also in a resumed run
+        reference = policy_source(run, config, 0) if version and config.train.optim.use_reference else None
+        host.trainer = build_trainer(config, source, version, reference)
     return set_host(run_root, host)
 
 
@@ -55,15 +58,30 @@ def build_engine(config: SpecActorConfig, source: Path, version: int) -> Engine:
     return engine
 
 
-def build_trainer(config: SpecActorConfig, source: Path) -> PolicyTrainer:
-    """The policy trainer on the weights at `source`, configured by train.optim (float32 master weights)."""
+def build_trainer(config: SpecActorConfig, source: Path, version: int = 0,
+                  reference: Path | None = None) -> PolicyTrainer | RankedTrainer:
+    """The policy trainer configured by train.optim (float32 master weights; `world_size` > 1: Ray actors,
+    tasks/trainer_ranks.py) on the model at `source`; for
+    v<version> > 0, `source` is its checkpoint and the trainer is restored to it exactly (weights, optimizer
+    and engine state, RNG streams). `reference`: the KL term's frozen policy (default: the model at `source`)."""
     from transformers import AutoModelForCausalLM
 
     from tasks.trainer import PolicyTrainer
+    from tasks.trainer_ranks import RankedTrainer
 
-    model = AutoModelForCausalLM.from_pretrained(source, dtype="float32")
-    return PolicyTrainer(model, config.train.optim, temperature=config.sampling.temperature,
-                         seed=config.sampling.seed)
+    optim, temperature, seed = config.train.optim, config.sampling.temperature, config.sampling.seed
+    if optim.world_size > 1:  # Ray actors, one rank each; the same interface
+        trainer = RankedTrainer(source, optim, temperature=temperature, seed=seed, reference=reference)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(source, dtype="float32")
+        frozen = AutoModelForCausalLM.from_pretrained(reference, dtype="float32") if reference is not None else None
+        trainer = PolicyTrainer(model, optim, temperature=temperature, seed=seed, reference=frozen)
+    if version:
+        trainer.load_checkpoint(source)
+        if trainer.version not in (0, version):  # 0: a checkpoint without training state does not say
+            raise RuntimeError(f"{source} holds the training state of v{trainer.version}, not v{version}")
+        trainer.version = version
+    return trainer
 
 
 def run_config(run_root: str) -> SpecActorConfig:

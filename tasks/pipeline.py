@@ -124,6 +124,8 @@ def update_policy(run_root: str, step: int) -> Metrics:
         old_logprobs=[r["logprobs"] for r, _ in usable],
         advantages=[s["advantage"] for _, s in usable],
     )
+    if host.trainer.version != step - 1:  # e.g. a host kept after a failed step: its update is not v<step - 1>'s
+        raise RuntimeError(f"the trainer holds policy v{host.trainer.version}, step {step} updates v{step - 1}")
     metrics = host.trainer.step(batch)
     host.trainer.save_checkpoint(run.checkpoint(step))
     host.tokenizer.save_pretrained(run.checkpoint(step))  # a checkpoint is a complete HF model directory

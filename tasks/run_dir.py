@@ -7,7 +7,8 @@ Layout (step numbers are 1-based; policy version v is the policy after v updates
     <run>/steps/000001/rollouts.jsonl    rollout records of step 1 (policy version 0)
     <run>/steps/000001/scores.jsonl      rewards per record
     <run>/steps/000001/metrics.json      written last: its presence marks the step complete
-    <run>/checkpoints/v000001/           model.safetensors + config.json (+ COMPLETE)
+    <run>/checkpoints/v000001/           model.safetensors + config.json + tokenizer (+ COMPLETE), drafters/,
+                                         trainer/ (the training state; kept for the published version only)
     <run>/checkpoints/LATEST             the published version (atomic rename)
     <run>/wandb/                         W&B offline files
 
@@ -18,6 +19,7 @@ LATEST, so a crash anywhere mid-step resumes at that step with the previous pair
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
@@ -77,6 +79,15 @@ class RunDir:
         if not (self.checkpoint(version) / "COMPLETE").exists():
             raise FileNotFoundError(f"checkpoint v{version} is not complete: {self.checkpoint(version)}")
         atomic_write_text(self.latest_file, f"{version}\n")
+
+    def prune_training_states(self, keep: int) -> None:
+        """Delete the training state (optimizer moments: twice the weights) of every checkpoint but v<keep>:
+        a run resumes from the published version only; the older checkpoints keep their weights."""
+        from tasks.trainer import TRAINER_STATE_DIR
+
+        for state in (self.root / "checkpoints").glob(f"v*/{TRAINER_STATE_DIR}"):
+            if state.parent != self.checkpoint(keep):
+                shutil.rmtree(state, ignore_errors=True)
 
     def completed_steps(self) -> list[int]:
         """Steps whose metrics were written and whose checkpoint is published."""

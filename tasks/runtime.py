@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from specactor_engine.config import SpecActorConfig
     from specactor_engine.engine import Engine
     from tasks.trainer import PolicyTrainer
+    from tasks.trainer_ranks import RankedTrainer
 
 _HOSTS: dict[str, RunHost] = {}
 
@@ -28,7 +29,7 @@ class RunHost:
     config: SpecActorConfig
     engine: Engine
     tokenizer: Any  # the engine's Hugging Face tokenizer (saved into each checkpoint)
-    trainer: PolicyTrainer | None = None
+    trainer: PolicyTrainer | RankedTrainer | None = None  # the same interface, in process or on Ray ranks
 
 
 def _key(run_root: str | Path) -> str:
@@ -47,10 +48,13 @@ def set_host(run_root: str | Path, host: RunHost) -> RunHost:
 
 
 def drop_host(run_root: str | Path) -> None:
-    """Forget a run's objects; the engine's decoupled drafter workers (if any) are stopped."""
+    """Forget a run's objects; the engine's decoupled drafter workers and the trainer's Ray ranks (if any)
+    are stopped."""
     host = _HOSTS.pop(_key(run_root), None)
     if host is not None and hasattr(host.engine, "close"):
         host.engine.close()
+    if host is not None and hasattr(host.trainer, "close"):
+        host.trainer.close()
 
 
 def run_logger() -> logging.Logger | logging.LoggerAdapter:

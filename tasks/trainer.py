@@ -8,15 +8,20 @@ One `step(batch)` is one optimizer update, accumulated over micro-batches so tha
 is the same as for the whole batch at once (micro-batches group rows of similar length, so
 little of a forward is padding; logits are computed at the output positions only;
 docs/training.md). Weights leave the trainer as (HF name, tensor)
-pairs (`state_dict_for_sync`) or as an atomically written safetensors checkpoint.
+pairs (`state_dict_for_sync`) or as an atomically written checkpoint: the policy as safetensors (an HF model
+directory) and, under `trainer/`, everything the next update depends on (DeepSpeed's engine checkpoint: optimizer
+moments and step counts, ZeRO-partitioned per rank; the trainer's RNG streams; the policy version), so a resumed
+run continues exactly where the checkpoint was taken (docs/training.md, "Checkpoints and resume").
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import logging
 import os
+import random
 import shutil
 import socket
 import uuid
@@ -25,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from safetensors.torch import load_file
 from torch import nn
@@ -36,6 +42,9 @@ from tasks.grpo import entropy_from_logits, grpo_loss, token_logprobs_from_logit
 logger = logging.getLogger(__name__)
 
 WEIGHTS_NAME = "model.safetensors"
+TRAINER_STATE_DIR = "trainer"  # DeepSpeed's engine checkpoint + per-rank RNG streams + state.json
+_ENGINE_TAG = "engine"  # DeepSpeed's checkpoint tag inside TRAINER_STATE_DIR
+_STATE_FILE = "state.json"
 BACKUP_SUFFIX = ".previous"  # an overwritten checkpoint lives here for the instant of the swap
 _SINGLE_PROCESS_ENV = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -235,23 +244,31 @@ class PolicyTrainer:
 
     The trainer takes ownership of `model`: it is cast to `cfg.dtype` and wrapped (under ZeRO-3,
     partitioned) in place. `temperature` is the rollout's sampling temperature (logprobs use
-    logits / T, as the engine's do; 0: greedy, T=1); `seed` seeds torch's global RNG. Every rank
-    of a multi-process group must make the same calls.
+    logits / T, as the engine's do; 0: greedy, T=1); `seed` seeds torch's global RNG and the trainer's own
+    RNG streams (torch, numpy, python: what an update draws from, swapped in for its duration and checkpointed).
+    `reference` is the frozen policy of the KL term (default: a copy of `model`; a resumed run passes the
+    initial policy). Every rank of a multi-process group must make the same calls.
     """
 
-    def __init__(self, model: nn.Module, cfg: OptimConfig, *, temperature: float, seed: int) -> None:
+    def __init__(self, model: nn.Module, cfg: OptimConfig, *, temperature: float, seed: int,
+                 reference: nn.Module | None = None) -> None:
         cfg = resolve_dtype(cfg)
         check_device_support(cfg)
         self.cfg = cfg
         logger.info("policy update in %s, ZeRO-%d, micro-batches of %d rows", cfg.dtype, cfg.zero_stage,
                     cfg.micro_batch_size)
         self.temperature = temperature
+        self.version = 0  # updates the weights hold: +1 per step, restored by load_checkpoint
+        self._rng = seeded_rng_state(seed)
         torch.manual_seed(seed)
         init_distributed(cfg.backend)
         import deepspeed
 
         model = model.to(_DTYPES[cfg.dtype]).train()
-        self.reference = copy.deepcopy(model).eval().requires_grad_(False) if cfg.use_reference else None
+        self.reference = None
+        if cfg.use_reference:
+            source = model if reference is None else reference.to(_DTYPES[cfg.dtype])
+            self.reference = copy.deepcopy(source).eval().requires_grad_(False)
         params = [p for p in model.parameters() if p.requires_grad]
         # fused: one kernel per step over all parameters (CPU and CUDA), same update as the loop
         optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay,
@@ -267,29 +284,43 @@ class PolicyTrainer:
 
     def step(self, batch: RolloutBatch) -> dict[str, float]:
         """One optimizer update on `batch`; returns loss, pg_loss, kl, clip_fraction, grad_norm, lr, tokens, ..."""
-        sums = self.backward(batch)
-        grad_norm = self._local_grad_norm()
-        self.engine.step()
+        with self._own_rng():
+            sums = self.backward(batch)
+            grad_norm = self._local_grad_norm()
+            self.engine.step()
+        self.version += 1
         engine_norm = self.engine.get_global_grad_norm()
         grad_norm = float(engine_norm) if engine_norm is not None else grad_norm
-        return {**sums, "grad_norm": grad_norm, "lr": float(self.engine.get_lr()[0]),
-                "tokens": float(batch.num_output_tokens), "sequences": float(len(batch))}
+        counts = self._sum_over_ranks({"tokens": float(batch.num_output_tokens), "sequences": float(len(batch))})
+        return {**sums, "grad_norm": grad_norm, "lr": float(self.engine.get_lr()[0]), **counts}
 
     def backward(self, batch: RolloutBatch) -> dict[str, float]:
         """The first half of `step`: the batch's loss backpropagated over its micro-batches, the gradients left
-        for the update (`deepspeed.utils.safe_get_full_grad` reads them in between); returns the loss metrics."""
-        total = self._aggregation_count(batch)
+        for the update (`deepspeed.utils.safe_get_full_grad` reads them in between); returns the loss metrics.
+        With several ranks `batch` is this rank's rows: the mean is over every rank's tokens (or sequences) and
+        the metrics are summed over ranks, so the update and metrics are those of the whole batch on one rank."""
+        total = self._sum_over_ranks({"count": float(self._aggregation_count(batch))})["count"]
         if total == 0:
             raise ValueError("RolloutBatch has no output tokens to train on")
+        ranks = torch.distributed.get_world_size()  # DeepSpeed averages the ranks' gradients: undo the 1 / ranks
         self.engine.train()
         sums: dict[str, float] = {}
         for _, part in self._micro_batches(batch):
             weight = self._aggregation_count(part) / total  # micro-batch mean -> its share of the batch mean
             loss, metrics = self._micro_loss(collate(part, self.engine.device))
-            self.engine.backward(loss * weight, scale_wrt_gas=False)
+            self.engine.backward(loss * (weight * ranks), scale_wrt_gas=False)
             for name, value in metrics.items():
                 sums[name] = sums.get(name, 0.0) + weight * value
-        return sums
+        return self._sum_over_ranks(sums)
+
+    def _sum_over_ranks(self, values: dict[str, float]) -> dict[str, float]:
+        """`values` summed over the ranks (every rank passes the same names)."""
+        if torch.distributed.get_world_size() == 1:
+            return values
+        names = sorted(values)
+        summed = torch.tensor([values[name] for name in names], dtype=torch.float64, device=self.engine.device)
+        torch.distributed.all_reduce(summed)
+        return dict(zip(names, summed.tolist()))
 
     @torch.no_grad()
     def logprobs(self, batch: RolloutBatch) -> list[list[float]]:
@@ -320,30 +351,78 @@ class PolicyTrainer:
                 yield name, param.detach().to("cpu", copy=True)
 
     def save_checkpoint(self, directory: str | Path) -> Path:
-        """Write `model.safetensors` + config.json to `directory` atomically; return the directory.
+        """Write the policy (`model.safetensors` + config.json) and the training state (`trainer/`, with the
+        trainer's `version`) to `directory` atomically; return the directory.
 
-        Written to a temporary sibling, fsynced, then renamed into place: a crash at any point leaves
-        the previous checkpoint (at this or any other path) complete and loadable.
+        Every rank writes its part into one staging sibling, which is fsynced and then renamed into place:
+        a crash at any point leaves the previous checkpoint (at this or any other path) complete and loadable.
         """
         directory = Path(directory)
         directory.parent.mkdir(parents=True, exist_ok=True)
-        staging = directory.with_name(f".{directory.name}.tmp-{uuid.uuid4().hex[:8]}")
+        staging = directory.with_name(_agreed(f".{directory.name}.tmp-{uuid.uuid4().hex[:8]}"))
         state = dict(self.state_dict_for_sync())  # every rank takes part in the ZeRO-3 gathers
-        if torch.distributed.get_rank() == 0:
-            try:
+        rank = torch.distributed.get_rank()
+        try:
+            if rank == 0:
                 self.module.save_pretrained(staging, state_dict=state)
+            self._save_training_state(staging / TRAINER_STATE_DIR)
+            torch.distributed.barrier()
+            if rank == 0:
                 _fsync_tree(staging)
                 _replace_dir(staging, directory)
-            finally:
+        finally:
+            if rank == 0:
                 shutil.rmtree(staging, ignore_errors=True)
         torch.distributed.barrier()
         logger.info("saved checkpoint %s", directory)
         return directory
 
+    def _save_training_state(self, directory: Path) -> None:
+        """DeepSpeed's engine checkpoint (optimizer, any LR scheduler, step counts; ZeRO: each rank its
+        partition), this rank's RNG streams and, from rank 0, what the state belongs to."""
+        self.engine.save_checkpoint(str(directory), tag=_ENGINE_TAG)
+        rank, world_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
+        torch.save(self._rng, directory / f"rng_rank{rank}.pt")
+        if rank == 0:
+            (directory / _STATE_FILE).write_text(json.dumps(
+                {"version": self.version, "world_size": world_size, "zero_stage": self.cfg.zero_stage,
+                 "dtype": self.cfg.dtype}, indent=2) + "\n")
+
     @torch.no_grad()
     def load_checkpoint(self, directory: str | Path) -> None:
-        """Load weights written by `save_checkpoint` into the policy (and the optimizer's master copy)."""
-        tensors = load_file(str(checkpoint_dir(directory) / WEIGHTS_NAME))
+        """Restore what `save_checkpoint` wrote: the policy's weights (exactly: in bf16/fp16 the fp32 master
+        weights too) and, where `trainer/` is there and was written by the same world size, ZeRO stage and
+        dtype, the optimizer and engine state and the RNG streams. Learning rate, betas and weight decay
+        are the config's (a resumed run may change them). A weights-only checkpoint restarts the optimizer."""
+        directory = checkpoint_dir(directory)
+        saved = self._compatible_state(directory / TRAINER_STATE_DIR)
+        if saved is not None:
+            self.engine.load_checkpoint(str(directory / TRAINER_STATE_DIR), tag=_ENGINE_TAG)
+            rank = torch.distributed.get_rank()
+            self._rng = torch.load(directory / TRAINER_STATE_DIR / f"rng_rank{rank}.pt", weights_only=False)
+            self.version = int(saved["version"])
+        self._load_weights(directory)
+        for group in self.engine.optimizer.param_groups:
+            group.update(lr=self.cfg.lr, betas=self.cfg.betas, weight_decay=self.cfg.weight_decay)
+
+    def _compatible_state(self, directory: Path) -> dict[str, Any] | None:
+        """state.json of the training state at `directory`, if it is there and this trainer can load it."""
+        if not (directory / _STATE_FILE).is_file():
+            logger.warning("%s holds no training state: the optimizer starts afresh", directory.parent)
+            return None
+        saved = json.loads((directory / _STATE_FILE).read_text())
+        here = {"world_size": torch.distributed.get_world_size(), "zero_stage": self.cfg.zero_stage,
+                "dtype": self.cfg.dtype}
+        changed = {key: (saved[key], value) for key, value in here.items() if saved[key] != value}
+        if changed:
+            logger.warning("%s: training state written with other settings %s (saved, now): loading the "
+                           "weights only, the optimizer starts afresh", directory.parent, changed)
+            return None
+        return saved
+
+    def _load_weights(self, directory: Path) -> None:
+        """The policy's weights from `model.safetensors` into the module and the optimizer's master copy."""
+        tensors = load_file(str(directory / WEIGHTS_NAME))
         pairs = _match_parameters(self.module, tensors)
         with self._gathered([param for param, _ in pairs], modifier_rank=0):
             for param, tensor in pairs:
@@ -361,6 +440,17 @@ class PolicyTrainer:
                     safe_set_full_fp32_param(param, exact)
                 else:
                     self._master("", param).copy_(exact)
+
+    @contextlib.contextmanager
+    def _own_rng(self) -> Iterator[None]:
+        """Run with the trainer's RNG streams in place of the process's, and keep where they got to."""
+        outer = rng_state()
+        set_rng_state(self._rng)
+        try:
+            yield
+        finally:
+            self._rng = rng_state()
+            set_rng_state(outer)
 
     def _master(self, name: str, param: nn.Parameter) -> torch.Tensor:
         """The fp32 master weight of a bf16/fp16 parameter: ZeRO 1-3's (gathered: every rank takes part under
@@ -435,6 +525,44 @@ def checkpoint_dir(directory: str | Path) -> Path:
     return directory
 
 
+def rng_state() -> dict[str, Any]:
+    """The process's RNG states: torch (CPU and every CUDA device), numpy's global, python's."""
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
+                             "python": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Put back RNG states taken by `rng_state`."""
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def seeded_rng_state(seed: int) -> dict[str, Any]:
+    """RNG states seeded with `seed` (torch, numpy, python), leaving the process's own as they were."""
+    outer = rng_state()
+    torch.manual_seed(seed)
+    np.random.seed(seed)
+    random.seed(seed)
+    seeded = rng_state()
+    set_rng_state(outer)
+    return seeded
+
+
+def _agreed(value: str) -> str:
+    """Rank 0's `value` on every rank (a name all ranks must use)."""
+    if torch.distributed.get_world_size() == 1:
+        return value
+    box = [value]
+    torch.distributed.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def _match_parameters(module: nn.Module, tensors: dict[str, torch.Tensor]) -> list[tuple[nn.Parameter, torch.Tensor]]:
     """Pair each parameter with its tensor (tied parameters may be stored under any of their names)."""
     names_of: dict[int, list[str]] = {}
@@ -458,8 +586,11 @@ def _match_parameters(module: nn.Module, tensors: dict[str, torch.Tensor]) -> li
 
 
 def _fsync_tree(directory: Path) -> None:
-    """Flush every file of `directory` and the directory itself to disk."""
-    for path in directory.iterdir():
+    """Flush every file under `directory` and every directory in it to disk."""
+    for path in sorted(directory.rglob("*"), key=lambda p: -len(p.parts)):  # files and subdirectories first
+        if path.is_dir():
+            fsync_dir(path)
+            continue
         with path.open("rb") as handle:
             os.fsync(handle.fileno())
     fsync_dir(directory)

@@ -5,6 +5,7 @@ Every trainer in this module shares one process group; DeepSpeed is initialised 
 
 import math
 import os
+import shutil
 from typing import get_args
 
 import pytest
@@ -24,6 +25,7 @@ from tasks.trainer import (
     output_logprobs,
     resolve_dtype,
 )
+from tests.fixtures.state import differing_tensors, flat_tensors
 from tests.fixtures.tiny_models import EOS_ID, make_tiny_model
 
 
@@ -65,6 +67,10 @@ def test_config_errors_name_the_field():
         OptimConfig(clip_eps=1.0)
     with pytest.raises(ValidationError, match="beta"):
         OptimConfig(betas=(0.9, 1.0))
+    for stage in (0, 3):
+        with pytest.raises(ValidationError, match="world_size 2 needs zero_stage 1 or 2"):
+            OptimConfig(world_size=2, zero_stage=stage)
+    assert OptimConfig(world_size=2, zero_stage=1).world_size == 2 and OptimConfig().world_size == 1
     assert OptimConfig(betas=[0.9, 0.95]).betas == (0.9, 0.95)  # a YAML list coerces
     overrides = ["model.target=x", "train.optim.betas=[0.9, 0.95]", "train.optim.kl_coef=0.1"]
     optim = load_config(None, overrides).train.optim
@@ -377,3 +383,54 @@ def test_rollout_batch_is_validated():
         RolloutBatch([[1], [2]], [[1]], [[0.0]], [1.0])
     with pytest.raises(ValueError, match="empty prompt"):
         RolloutBatch([[]], [[1]], [[0.0]], [1.0])
+
+
+def _with_dropout(model: torch.nn.Module) -> torch.nn.Module:
+    """Attention dropout: an update that draws from torch's RNG, so the RNG streams decide its result."""
+    for module in model.modules():
+        if hasattr(module, "attention_dropout"):
+            module.attention_dropout = 0.2
+    return model
+
+
+@pytest.mark.parametrize("zero_stage, dtype", [(0, "float32"), (2, "float32"), (0, "bfloat16"), (1, "bfloat16")])
+def test_training_state_roundtrip_is_exact(tmp_path, zero_stage, dtype):
+    """Save after one update, load into a trainer built from other weights and another seed: the optimizer
+    state, the weights (bf16: the fp32 master weights), the version and the next update (which draws
+    dropout noise) equal those of the trainer that saved, bit for bit."""
+    settings = OptimConfig(lr=1e-3, zero_stage=zero_stage, dtype=dtype, micro_batch_size=3)
+    source = PolicyTrainer(_with_dropout(make_tiny_model("llama", seed=0)), settings, temperature=1.0, seed=0)
+    first, second = RolloutBatch.make_dummy(num_samples=5, seed=1), RolloutBatch.make_dummy(num_samples=5, seed=2)
+    source.step(first)
+    path = source.save_checkpoint(tmp_path / "v1")
+    assert (path / "trainer" / "state.json").is_file() and [p.name for p in tmp_path.iterdir()] == ["v1"]
+    saved_optimizer = flat_tensors(source.engine.optimizer.state_dict())
+    assert any("exp_avg_sq" in key for key in saved_optimizer)
+    expected = source.step(second)
+
+    target = PolicyTrainer(_with_dropout(make_tiny_model("llama", seed=5)), settings, temperature=1.0, seed=7)
+    target.load_checkpoint(path)
+    assert target.version == 1
+    loaded_optimizer = flat_tensors(target.engine.optimizer.state_dict())
+    assert not differing_tensors(saved_optimizer, loaded_optimizer)
+    got = target.step(second)
+    assert {k: got[k] for k in ("loss", "pg_loss", "grad_norm")} == {k: expected[k] for k in ("loss", "pg_loss",
+                                                                                               "grad_norm")}
+    after, want = _weights(target), _weights(source)
+    assert all(torch.equal(after[name], want[name]) for name in want)
+    assert target.version == source.version == 2
+    assert not differing_tensors(*(flat_tensors(t.engine.optimizer.state_dict()) for t in (source, target)))
+
+
+def test_a_checkpoint_from_another_zero_stage_or_without_training_state_loads_the_weights_only(tmp_path, caplog):
+    source = _trainer(seed=0, zero_stage=0)
+    source.step(RolloutBatch.make_dummy(num_samples=4))
+    path = source.save_checkpoint(tmp_path / "v1")
+    for settings, reason in (({"zero_stage": 2}, "other settings"), ({"zero_stage": 0}, "no training state")):
+        other = _trainer(seed=5, **settings)
+        with caplog.at_level("WARNING", logger="tasks.trainer"):
+            other.load_checkpoint(path)
+        assert reason in caplog.text and "optimizer starts afresh" in caplog.text
+        assert other.version == 0 and not any("exp_avg" in k for k in flat_tensors(other.engine.optimizer.state_dict()))
+        assert not differing_tensors(_weights(source), _weights(other))
+        shutil.rmtree(path / "trainer", ignore_errors=True)  # the second round: a weights-only checkpoint
