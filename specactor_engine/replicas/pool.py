@@ -84,7 +84,7 @@ class ReplicaPool:
         self.mode = MODES[config.rollout.mode]
         self.threads = replica_threads(config)
         self.max_restarts = config.rollout.replica_restarts
-        self._version = policy_version
+        self._version = driver.policy_version = policy_version
         self._plain = False
         rollout = config.rollout.model_copy(update={"replicas": 1})
         self._replica_config = config.model_copy(update={"threads": self.threads, "rollout": rollout})
