@@ -13,7 +13,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Literal, NoReturn
+from typing import TYPE_CHECKING, Annotated, Literal, NoReturn
 
 import typer
 from rich.console import Console
@@ -24,6 +24,10 @@ from specactor_engine.config import ConfigError, Dtype, SpecActorConfig, config_
 from specactor_engine.io import PromptFileError, read_requests, write_outputs, write_stats
 from specactor_engine.training.report import PhaseProgress
 from specactor_engine.types import Request, RolloutResult
+
+if TYPE_CHECKING:
+    from specactor_engine.engine import Engine
+    from specactor_engine.replicas.pool import ReplicaPool
 
 USER_ERROR_EXIT_CODE = 2
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
@@ -163,14 +167,26 @@ def _print_samples(result: RolloutResult, count: int) -> None:
 
 
 def _generate(cfg: SpecActorConfig, requests: list[Request]) -> RolloutResult:
-    """Build the engine from `cfg` and run one rollout."""
+    """Build the engine from `cfg` (rollout.replicas > 1: a pool of replicas, replicas/) and run one rollout."""
     from specactor_engine.engine import Engine
     from specactor_engine.model.registry import ModelNotPulledError, UnknownModelError
 
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    if cfg.rollout.replicas > 1:
+        from specactor_engine.replicas.pool import ReplicaPool
 
+        with user_errors(UnknownModelError, ModelNotPulledError, ValueError):
+            pool = ReplicaPool.from_config(cfg)
+        with pool:  # the replicas' actors end with the rollout
+            return _generate_with(pool, cfg, requests)
     with user_errors(UnknownModelError, ModelNotPulledError, ValueError):
         engine = Engine.from_config(cfg)
+    return _generate_with(engine, cfg, requests)
+
+
+def _generate_with(engine: Engine | ReplicaPool, cfg: SpecActorConfig, requests: list[Request]) -> RolloutResult:
+    """One rollout with a progress bar on a terminal, else a line at every tenth of the sequences."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     err = Console(stderr=True)
     if not err.is_terminal:  # a log file or a pipe (make, CI): a line at every tenth of the sequences
         return engine.generate(requests, cfg.sampling, progress=_LineProgress(err))

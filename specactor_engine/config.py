@@ -202,6 +202,17 @@ class RolloutConfig(_Frozen):
         "drafts than their cap are drafted to the cap; this keeps the acceptance statistics and the per-request "
         "method choice fresh without probe rounds at the deepest length. 0: probe rounds instead.")
     decoupled: DecoupledConfig = Field(default_factory=DecoupledConfig, description="Settings of mode 'decoupled'.")
+    replicas: int = Field(1, ge=1, le=64, description="Rollout engines: 1 is the in-process engine; N > 1 runs N "
+                          "engines as Ray actors (replicas.py), each with its own threads and drafters; a call's "
+                          "GRPO groups are shared among them and the outputs are the same as with one.")
+    replica_threads: int | None = Field(
+        None, ge=1, description="torch threads of each replica (None: `threads`, or the machine's cores, divided "
+        "among the replicas, at least 1).")
+    replica_restarts: int = Field(3, ge=0, description="Restarts of a replica that died or could not load before "
+                                  "the rollout fails.")
+    ray_address: str | None = Field(
+        None, description="With replicas > 1: the Ray cluster to join (e.g. 'auto' or 'ray://head:10001'); None "
+        "starts a local Ray instance.")
 
     @field_validator("drafters")
     @classmethod

@@ -124,6 +124,9 @@ class EngineStats:
     shadow_accepted: int = 0  # ... and the tokens of them a verify would have accepted
     shadow_drafts_per_drafter: dict[str, int] = field(default_factory=dict)  # ... by method
     shadow_accepted_per_drafter: dict[str, int] = field(default_factory=dict)
+    # rollout replicas (replicas/): per replica, its chunks, busy / prefill / draft / verify seconds, sequences,
+    # output tokens and restarts in this call; empty for one in-process engine
+    replicas: list[dict[str, float]] = field(default_factory=list)
 
     @property
     def mean_acceptance_length(self) -> float:

@@ -3,7 +3,8 @@ checkpoint, loaded again on resume.
 
 The drafters with weights are those whose `trainable_model()` is not None (model drafters), plus,
 in decoupled mode, the verifier's copy of the drafter workers' model (`engine.worker_drafter`),
-which the workers load from the file saved beside the checkpoint.
+which the workers load from the file saved beside the checkpoint. With rollout replicas, these are the
+pool's driver drafters: refreshed once there, then loaded by every replica (`push_replica_drafters`).
 """
 
 from __future__ import annotations
@@ -101,6 +102,13 @@ def push_worker_drafter(host: RunHost, checkpoint: Path, version: int) -> dict[s
     return workers.push(drafter_file(checkpoint, workers.name), version)
 
 
+def push_replica_drafters(host: RunHost) -> dict[str, float]:
+    """Rollout replicas: every replica loads the driver's drafters (refreshed there once, so all are the same)."""
+    from specactor_engine.replicas.pool import ReplicaPool
+
+    return host.engine.sync_drafters() if isinstance(host.engine, ReplicaPool) else {}
+
+
 def load_drafters(host: RunHost, checkpoint: Path, version: int) -> None:
     """Load the drafter weights and state saved beside checkpoint v<version>, where they exist."""
     from safetensors.torch import load_file
@@ -115,6 +123,7 @@ def load_drafters(host: RunHost, checkpoint: Path, version: int) -> None:
     if workers is not None and drafter_file(checkpoint, workers.name).exists():
         workers.load_file(drafter_file(checkpoint, workers.name))
         workers.push(drafter_file(checkpoint, workers.name), version)
+    push_replica_drafters(host)
 
 
 def load_initial_drafters(host: RunHost) -> None:
@@ -137,3 +146,4 @@ def load_initial_drafters(host: RunHost) -> None:
     if workers is not None:
         workers.load_file(workers.initial_weights())
         workers.push(workers.initial_weights(), 0)
+    push_replica_drafters(host)

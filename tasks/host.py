@@ -2,13 +2,14 @@
 
 `host_for(run_root)` returns the host kept in this process (tasks/runtime.py) or builds it from the
 last published checkpoint; `push_policy` moves the trainer's weights into the engine, `restore_engine`
-puts the engine and its drafters back at an earlier version (after a failed sync).
+puts the engine and its drafters back at an earlier version (after a failed sync). With rollout.replicas > 1
+the engine is a `ReplicaPool` (specactor_engine/replicas/): the same calls reach every replica.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from specactor_engine.config import SpecActorConfig, load_config
 from tasks.drafter_store import load_drafters, load_initial_drafters
@@ -16,7 +17,7 @@ from tasks.run_dir import RunDir
 from tasks.runtime import RunHost, get_host, set_host
 
 if TYPE_CHECKING:
-    from specactor_engine.engine import Engine
+    from specactor_engine.replicas import RolloutEngine
     from tasks.trainer import PolicyTrainer
     from tasks.trainer_ranks import RankedTrainer
 
@@ -47,15 +48,14 @@ def policy_source(run: RunDir, config: SpecActorConfig, version: int) -> Path:
     return resolve_model(config.model.target, dtype=config.model.dtype, cache_dir=config.model.cache_dir)
 
 
-def build_engine(config: SpecActorConfig, source: Path, version: int) -> Engine:
-    """The rollout engine on the weights at `source` (plain decoding when train.speculation is off)."""
-    from specactor_engine.engine import Engine
+def build_engine(config: SpecActorConfig, source: Path, version: int) -> RolloutEngine:
+    """The rollout engine on the weights at `source` (plain decoding when train.speculation is off): one
+    in-process engine, or a pool of rollout.replicas replicas."""
+    from specactor_engine.replicas import build_rollout_engine
 
     rollout = config.rollout if config.train.speculation else config.rollout.model_copy(update={"mode": "ar"})
     model = config.model.model_copy(update={"target": str(source)})
-    engine = Engine.from_config(config.model_copy(update={"model": model, "rollout": rollout}))
-    engine.policy_version = version
-    return engine
+    return build_rollout_engine(config.model_copy(update={"model": model, "rollout": rollout}), version)
 
 
 def build_trainer(config: SpecActorConfig, source: Path, version: int = 0,
@@ -96,16 +96,30 @@ def host_for(run_root: str) -> RunHost:
     return host if host is not None else build_host(run_root, run_config(run_root))
 
 
-def push_policy(host: RunHost, version: int) -> str:
-    """Load the trainer's weights into the engine as policy v<version>; return their digest, checked
-    equal on both sides (bit for bit)."""
+def push_policy(host: RunHost, version: int) -> dict[str, Any]:
+    """Load the trainer's weights into the engine (every replica) as policy v<version>; check that each holds
+    the trainer's weights bit for bit; return the digest and, with replicas, how many hold it."""
     from specactor_engine.model.weights import weights_digest
 
     host.engine.update_weights(host.trainer.state_dict_for_sync(), version=version)
-    digest = weights_digest(host.engine.runner.model.named_parameters())
-    if digest != weights_digest(host.trainer.state_dict_for_sync()):
-        raise RuntimeError(f"weights in the engine differ from the trainer's after sync to v{version}")
-    return digest
+    expected = weights_digest(host.trainer.state_dict_for_sync())
+    held = engine_digests(host.engine)
+    if any(digest != expected for digest in held):
+        raise RuntimeError(f"weights in the engine differ from the trainer's after sync to v{version} "
+                           f"({sum(d != expected for d in held)} of {len(held)} copies)")
+    metrics: dict[str, Any] = {"sync/policy_digest": expected[:16]}
+    if len(held) > 1:  # the driver's copy, then each replica's answer to the load
+        metrics |= {"sync/replicas": len(held) - 1, "sync/replica_digests_equal": 1.0}
+    return metrics
+
+
+def engine_digests(engine: RolloutEngine) -> list[str]:
+    """The target's digest in the engine; a pool: the driver's, then each replica's (as answered at the load)."""
+    from specactor_engine.model.weights import weights_digest
+    from specactor_engine.replicas.pool import ReplicaPool
+
+    held = [weights_digest(engine.runner.model.named_parameters())]
+    return held + list(engine.digests) if isinstance(engine, ReplicaPool) else held
 
 
 def restore_engine(host: RunHost, run: RunDir, version: int) -> None:

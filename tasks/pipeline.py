@@ -135,8 +135,8 @@ def update_policy(run_root: str, step: int) -> Metrics:
 
 @task(name="sync_weights")
 def sync_weights(run_root: str, step: int) -> Metrics:
-    """Push policy v<step> into the engine, verify it bit for bit, refresh every drafter and save the
-    drafters' weights beside checkpoint v<step>.
+    """Push policy v<step> into the engine (every rollout replica), verify it bit for bit, refresh every drafter,
+    save the drafters' weights beside checkpoint v<step> and hand every replica the refreshed drafters.
 
     All or nothing: on any failure the engine and its drafters are restored to the previous version,
     so the previous consistent (checkpoint, engine, drafters) triple stays in place.
@@ -144,15 +144,16 @@ def sync_weights(run_root: str, step: int) -> Metrics:
     host, run = host_for(run_root), RunDir(Path(run_root))
     previous = host.engine.policy_version
     try:
-        digest = push_policy(host, step)
-        metrics = drafter_store.refresh_drafters(host, read_jsonl(run.rollouts(step)), step)
+        metrics = push_policy(host, step)
+        metrics |= drafter_store.refresh_drafters(host, read_jsonl(run.rollouts(step)), step)
         drafter_store.save_drafters(host, run.checkpoint(step))
         metrics |= drafter_store.push_worker_drafter(host, run.checkpoint(step), step)
+        metrics |= drafter_store.push_replica_drafters(host)
     except Exception:
         restore_engine(host, run, previous)
         run_logger().error("sync to the new policy failed; the engine and drafters are back at v%d", previous)
         raise
-    return {"sync/policy_digest": digest[:16], "policy_version_after": step, **metrics}
+    return {"policy_version_after": step, **metrics}
 
 
 @task(name="evaluate_step")

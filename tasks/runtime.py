@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from specactor_engine.config import SpecActorConfig
-    from specactor_engine.engine import Engine
+    from specactor_engine.replicas import RolloutEngine
     from tasks.trainer import PolicyTrainer
     from tasks.trainer_ranks import RankedTrainer
 
@@ -27,7 +27,7 @@ class RunHost:
     """What one run keeps in memory."""
 
     config: SpecActorConfig
-    engine: Engine
+    engine: RolloutEngine  # one in-process Engine, or a ReplicaPool (rollout.replicas > 1)
     tokenizer: Any  # the engine's Hugging Face tokenizer (saved into each checkpoint)
     trainer: PolicyTrainer | RankedTrainer | None = None  # the same interface, in process or on Ray ranks
 

@@ -115,6 +115,10 @@ class Drafter(ABC):
     def restore_history(self, snapshot: Any) -> None:
         """Put back what `history_snapshot` returned: later rollouts do not see the ones in between."""
 
+    def record_rollout(self, prompt_ids: list[int], output_ids: list[int]) -> None:
+        """A finished sample decoded elsewhere (by a rollout replica, replicas/): it joins what this drafter keeps
+        from earlier rollouts, as if this drafter had seen it finish (nothing, for drafters that keep nothing)."""
+
     def save_state(self, directory: Path) -> None:
         """Write non-weight state a resumed run needs (e.g. rollout history) into `directory`."""
 

@@ -243,6 +243,9 @@ class SuffixDrafter(Drafter):
             self.groups[key].slots.discard(slot)
             self.groups[key].add(output)
 
+    def record_rollout(self, prompt_ids: list[int], output_ids: list[int]) -> None:
+        self.history.add(prompt_ids, output_ids)
+
     def history_snapshot(self) -> SuffixHistory:
         return copy.deepcopy(self.history)
 
