@@ -493,12 +493,42 @@ def test_compose_worker(compose: dict, make: MakefileFacts) -> None:
     assert "runs" in (compose.get("volumes") or {}), "the `runs` volume must be declared"
 
 
+def test_compose_ray_profile(compose: dict) -> None:
+    """`--profile ray`: a Ray head, a Ray worker node joining it, and a Prefect worker that joins as a driver node
+    (no CPUs) and serves a deployment whose runs put rollout replicas on the cluster with a valid config."""
+    from specactor_engine.config import load_config
+
+    services = compose["services"]
+    head, node, driver = services["ray-head"], services["ray-worker"], services["worker-ray"]
+    assert all(service.get("profiles") == ["ray"] for service in (head, node, driver))
+    head_command = _command(head)
+    assert head_command[:3] == ["ray", "start", "--head"] and "--block" in head_command
+    port = next(arg.split("=", 1)[1] for arg in head_command if arg.startswith("--port="))
+    assert port in " ".join(head.get("healthcheck", {}).get("test", []))
+    assert f"--address=ray-head:{port}" in _command(node) and "--block" in _command(node)
+    assert node.get("depends_on", {}).get("ray-head", {}).get("condition") == "service_healthy"
+
+    script = _command(driver)
+    assert script[:2] == ["sh", "-c"], script
+    join, _, serve = script[2].partition("&&")
+    assert shlex.split(join)[:3] == ["ray", "start", f"--address=ray-head:{port}"] and "--num-cpus=0" in join
+    serve_args = shlex.split(serve)
+    assert serve_args[:3] == ["exec", "specactor", "deploy"], serve_args
+    overrides = [serve_args[i + 1] for i, arg in enumerate(serve_args) if arg == "--set"]
+    config = load_config(ROOT / serve_args[serve_args.index("--config") + 1], overrides)
+    assert config.rollout.replicas > 1 and config.rollout.ray_address == "auto"
+    assert _environment(driver).get("PREFECT_API_URL") == _environment(services["worker"]).get("PREFECT_API_URL")
+    for service in (head, node, driver):  # one model cache and run directory for every node
+        assert "runs:/data" in service.get("volumes", []), service
+
+
 def test_compose_usage_is_documented() -> None:
     readme = (DOCKER / "README.md").read_text()
     for text in ("docker compose -f docker/compose.yaml up",
                  "docker compose -f docker/compose.yaml exec worker "
                  "prefect deployment run 'post_training/post-training'",
-                 "docker build -f docker/Dockerfile.cpu", "docker build -f docker/Dockerfile.cuda"):
+                 "docker build -f docker/Dockerfile.cpu", "docker build -f docker/Dockerfile.cuda",
+                 "docker compose -f docker/compose.yaml --profile ray up"):
         assert text in readme, f"docker/README.md does not show `{text}`"
 
 
