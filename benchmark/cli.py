@@ -68,6 +68,9 @@ def bench(
         "step history drafters know (trace C sets 0).")] = None,
     num_draft_tokens: Annotated[int, typer.Option("--num-draft-tokens", "-k", min=1, max=16)] = 4,
     threads: Annotated[int, typer.Option("--threads", min=1, help="torch threads per system (all of them).")] = 2,
+    replicas: Annotated[int, typer.Option(
+        "--replicas", min=1, help="Run the engine systems as N rollout replicas (Ray actors, rollout.replicas) "
+        "sharing --threads: --replicas 2 --threads 2 is two 1-thread engines (docs/distributed.md).")] = 1,
     wait_load: Annotated[float | None, typer.Option(
         "--wait-load", help="First wait (up to 10 min) for a 1-minute load average at most this.")] = None,
     profile: Annotated[str, typer.Option("--profile", help="Comma-separated systems to cProfile.")] = "",
@@ -112,7 +115,8 @@ def bench(
                      max_batch_size=trace.max_batch_size, num_draft_tokens=num_draft_tokens, threads=threads,
                      max_load=wait_load, profile=tuple(s for s in profile.split(",") if s),
                      oracle_passes=oracle_passes, slow_systems=tuple(s for s in slow_systems.split(",") if s),
-                     slow_repeats=slow_repeats, feature_drafter=str(feature_drafter) if feature_drafter else None)
+                     slow_repeats=slow_repeats, feature_drafter=str(feature_drafter) if feature_drafter else None,
+                     replicas=replicas)
     try:
         plan.run_order()
     except ValueError as exc:

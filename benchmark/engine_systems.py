@@ -121,6 +121,9 @@ def engine_config(variant: EngineVariant, spec: RunSpec) -> SpecActorConfig:
     rollout = RolloutConfig(mode=variant.mode, num_draft_tokens=spec.num_draft_tokens,
                             verify_length=variant.verify_length, max_batch_size=spec.max_batch_size or ALL_AT_ONCE,
                             **fields)
+    if spec.replicas > 1:  # the run's threads shared among the replicas, no drafter worker beside a 1-thread engine
+        rollout = rollout.model_copy(update={"replicas": spec.replicas, "decoupled": DecoupledConfig(),
+                                             "replica_threads": max(1, spec.threads // spec.replicas)})
     return SpecActorConfig(model=ModelConfig(target=target, dtype=spec.dtype, cpu_kernels=variant.cpu_kernels),
                            rollout=rollout, threads=spec.threads)
 
@@ -176,7 +179,18 @@ class EngineSystem(System):
             raise RuntimeError(f"{variant.name} needs a trained feature drafter: --feature-drafter DIR "
                                "(make drafter-feature)")
         self.variant = variant
-        self.engine = Engine.from_config(engine_config(variant, spec), drafters=drafters)
+        config = engine_config(variant, spec)
+        if config.rollout.replicas > 1:
+            from specactor_engine.replicas.pool import ReplicaPool
+
+            if drafters is not None or variant.mode == "decoupled":
+                raise RuntimeError(f"{variant.name}: the benchmark runs neither the oracle's drafts nor drafter "
+                                   "workers on replicas (use --replicas 1)")
+            self.replicated = True
+            self.engine: Any = ReplicaPool.from_config(config)
+            return
+        self.replicated = False
+        self.engine = Engine.from_config(config, drafters=drafters)
         self._wait_for_workers()
 
     def _wait_for_workers(self) -> None:
@@ -190,6 +204,10 @@ class EngineSystem(System):
     def prepare(self, requests: Sequence[Request], sampling: SamplingConfig) -> None:
         """The verify-cost profile (measured at the verifier's thread count) and the KV caches belong
         to start-up, as vLLM sizes its own there: neither is part of the makespan."""
+        if self.replicated:  # each replica sizes its caches and measures its verify costs on its own threads
+            self.engine.reserve(requests, sampling)
+            self.engine.warm_up(requests[:1], sampling.model_copy(update={"n": 1, "max_new_tokens": 8}))
+            return
         workers = self.engine.workers
         with _torch_threads(workers.verifier_threads if workers is not None else None):
             self.engine.prepare_length_policy(requests, sampling)
@@ -199,14 +217,17 @@ class EngineSystem(System):
         from specactor_engine.drafters.suffix import SuffixDrafter, SuffixHistory
         from specactor_engine.tokenize import encode_request
 
+        chat_template = (self.engine.driver if self.replicated else self.engine).chat_template
         for drafter in self.engine.drafters:
             if not isinstance(drafter, SuffixDrafter):
                 continue
             drafter.history = SuffixHistory(drafter.history.max_per_prompt)  # the warm-up is not history
             for request in requests if history else ():
-                prompt_ids, _ = encode_request(request, self.engine.tokenizer, self.engine.chat_template)
+                prompt_ids, _ = encode_request(request, self.engine.tokenizer, chat_template)
                 for output in history.get(request.request_id, []):
                     drafter.history.add(prompt_ids or [], output)
+        if self.replicated:
+            self.engine.sync_drafters()  # every replica gets the driver's history
 
     def generate(self, requests: Sequence[Request], sampling: SamplingConfig, clock: FinishClock) -> Generation:
         result = self.engine.generate(requests, sampling, progress=clock.progress)
@@ -215,7 +236,9 @@ class EngineSystem(System):
         return Generation(sequences, result.stats.to_dict())
 
     def external_cpu_s(self) -> float:
-        """The drafter workers' CPU time: their processes draft for this system."""
+        """The drafter workers' (or the replicas') CPU time: their processes work for this system."""
+        if self.replicated:
+            return self.engine.cpu_s()
         workers = self.engine.workers
         return sum(w.transport.cpu_s() for w in workers.coordinator.workers) if workers is not None else 0.0
 

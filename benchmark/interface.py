@@ -40,6 +40,7 @@ class RunSpec:
     profile_path: str | None = None  # write a cProfile of the timed run here
     history_path: str | None = None  # trace C: the earlier rollout's outputs, {request_id: [token_ids, ...]}
     feature_drafter: str | None = None  # a trained feature-level drafter's directory (`make drafter-feature`)
+    replicas: int = 1  # >1: engine systems run as that many rollout replicas (Ray actors), threads shared among them
 
     def to_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "trace": self.trace.to_dict()}

@@ -52,6 +52,8 @@ def render_markdown(results: dict[str, Any]) -> str:
         f"{trace['max_new_tokens']} new tokens, {sampling}, seed {trace['seed']}",
         f"- target `{settings['target']}`, drafter `{settings['drafter'] or 'ngram'}`, {settings['dtype']}, "
         f"k={settings['num_draft_tokens']}, batch {batch}, {settings['threads']} threads"
+        + (f" shared by {settings['replicas']} rollout replicas (batch {batch} each)"
+           if settings.get("replicas", 1) > 1 else "")
         + (f", oracle passes {settings.get('oracle_passes', 1)}" if any(s.startswith("oracle") for s in systems) else ""),
         f"- {machine['cpu_model']}, {machine['logical_cpus']} logical CPUs; torch {machine['versions'].get('torch')}, "
         f"transformers {machine['versions'].get('transformers')}; commit {str(machine['git']['commit'])[:10]}"

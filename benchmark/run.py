@@ -70,6 +70,7 @@ class BenchPlan:
     slow_systems: tuple[str, ...] = ()  # these run `slow_repeats` times instead of `repeats`
     slow_repeats: int = 1
     feature_drafter: str | None = None  # a trained feature-level drafter's directory
+    replicas: int = 1  # engine systems as this many rollout replicas sharing `threads`
 
     def repeats_of(self, system: str) -> int:
         return min(self.slow_repeats, self.repeats) if system in self.slow_systems else self.repeats
@@ -92,7 +93,8 @@ class BenchPlan:
                        max_batch_size=self.max_batch_size, num_draft_tokens=k or self.num_draft_tokens,
                        threads=self.threads, reference_path=str(reference) if reference else None,
                        oracle_passes=self.oracle_passes, profile_path=profile,
-                       history_path=str(history) if history else None, feature_drafter=self.feature_drafter)
+                       history_path=str(history) if history else None, feature_drafter=self.feature_drafter,
+                       replicas=self.replicas)
 
     def history_spec(self) -> RunSpec:
         """Trace C's earlier rollout: `ar` on the same prompts with the previous step's seed."""
@@ -161,7 +163,7 @@ def run_bench(plan: BenchPlan, command: str = "") -> dict[str, Any]:
         "trace": plan.trace.to_dict(),
         "settings": {"target": plan.target, "drafter": plan.drafter, "dtype": plan.dtype,
                      "max_batch_size": plan.max_batch_size, "num_draft_tokens": plan.num_draft_tokens,
-                     "threads": plan.threads, "repeats": plan.repeats, "oracle_passes": plan.oracle_passes,
+                     "threads": plan.threads, "replicas": plan.replicas, "repeats": plan.repeats, "oracle_passes": plan.oracle_passes,
                      "repeats_per_system": {s: plan.repeats_of(s) for s in plan.run_order()},
                      "run_order": list(plan.run_order()),
                      "num_sequences": plan.trace.num_sequences},

@@ -12,6 +12,7 @@ import contextlib
 import os
 import pickle
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
@@ -123,6 +124,10 @@ class ReplicaActor:
 
     def pid(self) -> int:
         return os.getpid()
+
+    def cpu_s(self) -> float:
+        """CPU seconds this replica's process has used (every thread)."""
+        return time.process_time()
 
     def close(self) -> None:
         self.engine.close()

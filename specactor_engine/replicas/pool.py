@@ -232,6 +232,17 @@ class ReplicaPool:
             self._ray.get([r.actor.reserve.remote([requests[i] for i in largest.indices], sampling)
                            for r in self.replicas])
 
+    def warm_up(self, requests: Sequence[Request], sampling: Any) -> None:
+        """`generate` of `requests` on every replica, outputs dropped: each pays its one-time costs (the sampler's
+        compile, first-call dispatch) here rather than in the first chunk it is handed (`generate` of one short
+        request would warm only the replica that takes it)."""
+        with self.history_kept():
+            self._ray.get([r.actor.generate.remote(list(requests), sampling, self._plain) for r in self.replicas])
+
+    def cpu_s(self) -> float:
+        """CPU seconds the replicas' processes have used so far (what they computed for this pool)."""
+        return float(sum(self._ray.get([r.actor.cpu_s.remote() for r in self.replicas])))
+
     # ------------------------------------------------------------------ weights
     def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int,
                        component: str = "target") -> None:

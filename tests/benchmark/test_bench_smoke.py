@@ -278,3 +278,24 @@ def test_trace_d_is_the_per_worker_regime_and_keeps_its_row_limit_unless_overrid
     assert d.with_overrides(max_batch_size=None).max_batch_size == 4  # None keeps the trace's limit
     assert d.with_overrides(max_batch_size=1).max_batch_size == 1
     assert TRACES["quick"].model.drafter == TRACES["quick"].model.target  # quick runs the worker systems too
+
+
+def test_replicas_give_the_same_sequences_and_a_per_replica_split(bench_results, tmp_path):
+    """--replicas 2: `ar` and `specactor` as two 1-thread rollout replicas (Ray actors) emit exactly the sequences of
+    the one-engine run, and each run records every replica's share of the work."""
+    out, _ = bench_results
+    root = out.parent
+    replicated = tmp_path / "replicated"
+    args = ["--trace", "quick", "--model", f"{root / 'target'}:{root / 'drafter'}", "--systems", "ar,specactor",
+            "--repeats", "1", "--prompts", "2", "--samples", "2", "--max-new-tokens", "6", "--replicas", "2",
+            "--out", str(replicated)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert json.loads((replicated / "results.json").read_text())["settings"]["replicas"] == 2
+    for system in ("ar", "specactor"):
+        one = json.loads((out / "runs" / f"{system}-0.json").read_text())
+        two = json.loads((replicated / "runs" / f"{system}-0.json").read_text())
+        assert [s["token_ids"] for s in two["sequences"]] == [s["token_ids"] for s in one["sequences"]], system
+        split = two["engine_stats"]["replicas"]
+        assert [r["replica"] for r in split] == [0, 1]
+        assert sum(r["sequences"] for r in split) == NUM_SEQUENCES and all(r["chunks"] >= 1 for r in split), split
