@@ -8,6 +8,7 @@ the engine is a `ReplicaPool` (specactor_engine/replicas/): the same calls reach
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +27,7 @@ WEIGHTS_FILE = "model.safetensors"
 
 def build_host(run_root: str, config: SpecActorConfig, with_trainer: bool = True) -> RunHost:
     """Engine (+ trainer) for a run, both at the last published policy version."""
+    start_local_ray(config, with_trainer)
     run = RunDir(Path(run_root))
     version = run.latest_version()
     source = policy_source(run, config, version)
@@ -37,6 +39,31 @@ def build_host(run_root: str, config: SpecActorConfig, with_trainer: bool = True
         reference = policy_source(run, config, 0) if version and config.train.optim.use_reference else None
         host.trainer = build_trainer(config, source, version, reference)
     return set_host(run_root, host)
+
+
+def local_ray_cpus(config: SpecActorConfig, with_trainer: bool = True) -> int:
+    """Logical CPUs a local Ray instance needs for the run's actors: the rollout replicas' and the trainer ranks'
+    threads. Both reserve theirs for the whole run though they compute in turns (rollout, then update), so on a
+    machine with fewer cores the instance claims more CPUs than it has, or the ranks would never be placed."""
+    from specactor_engine.replicas.pool import replica_threads
+
+    cores = os.cpu_count() or 1
+    replicas = config.rollout.replicas * replica_threads(config) if config.rollout.replicas > 1 else 0
+    optim = config.train.optim
+    ranks = optim.world_size * (optim.threads_per_rank or max(1, cores // optim.world_size)) \
+        if with_trainer and optim.world_size > 1 else 0
+    return max(cores, replicas + ranks)
+
+
+def start_local_ray(config: SpecActorConfig, with_trainer: bool = True) -> None:
+    """Start the local Ray instance the run's replicas and ranks share (`local_ray_cpus`), unless they join a
+    cluster (rollout.ray_address / train.optim.ray_address), use none, or Ray is up in this process already."""
+    optim = config.train.optim
+    uses_ray = config.rollout.replicas > 1 or with_trainer and optim.world_size > 1
+    if uses_ray and config.rollout.ray_address is None and optim.ray_address is None:
+        from specactor_engine.decoupled.ray_transport import ensure_ray
+
+        ensure_ray(None, num_cpus=local_ray_cpus(config, with_trainer))
 
 
 def policy_source(run: RunDir, config: SpecActorConfig, version: int) -> Path:
