@@ -31,23 +31,25 @@ from tasks.trainer import RolloutBatch
 DEFAULT_CONFIG = "configs/train_smollm2.yaml"
 
 
-def synthetic_batch(samples: int, prompt_tokens: int, output_tokens: int, vocab_size: int, seed: int = 0
-                    ) -> RolloutBatch:
+def synthetic_batch(samples: int, prompt_tokens: int, output_tokens: int, vocab_size: int, seed: int = 0,
+                    group_size: int = 1) -> RolloutBatch:
     """`samples` rows of random ids (speed does not depend on the values), output lengths spread around
-    `output_tokens` (0.5x-1.5x) in a random order as a rollout's are, advantages of both signs."""
+    `output_tokens` (0.5x-1.5x) in a random order as a rollout's are, advantages of both signs; each run of
+    `group_size` rows shares its prompt, as a GRPO group's samples do (the lengths do not depend on it)."""
     gen = torch.Generator().manual_seed(seed)
     prompts, outputs = [], []
-    for i in torch.randperm(samples, generator=gen).tolist():
+    for row, i in enumerate(torch.randperm(samples, generator=gen).tolist()):
         length = max(1, int(output_tokens * (0.5 + i / max(samples - 1, 1))))
-        prompts.append(torch.randint(vocab_size, (prompt_tokens,), generator=gen).tolist())
+        prompt = torch.randint(vocab_size, (prompt_tokens,), generator=gen).tolist()
+        prompts.append(prompt if row % group_size == 0 else prompts[-1])
         outputs.append(torch.randint(vocab_size, (length,), generator=gen).tolist())
     advantages = [(-1.0) ** i * (1 + i % 4) / 4 for i in range(samples)]
     return RolloutBatch(prompts, outputs, [[-1.0] * len(o) for o in outputs], advantages)
 
 
 def parse_variant(text: str, base: OptimConfig) -> tuple[str, OptimConfig]:
-    """`dtype[:zero_stage[:micro_batch_size[:micro_batch_tokens]]]` over the config's optim settings (an
-    empty field keeps the config's)."""
+    """`dtype[:zero_stage[:micro_batch_size[:micro_batch_tokens[:shared_prompt]]]]` over the config's optim
+    settings (an empty field keeps the config's; shared_prompt 0 or 1)."""
     parts = text.split(":")
     fields: dict[str, Any] = {"dtype": parts[0]} if parts[0] else {}
     if len(parts) > 1 and parts[1]:
@@ -56,6 +58,8 @@ def parse_variant(text: str, base: OptimConfig) -> tuple[str, OptimConfig]:
         fields["micro_batch_size"] = int(parts[2])
     if len(parts) > 3 and parts[3]:
         fields["micro_batch_tokens"] = int(parts[3])
+    if len(parts) > 4 and parts[4]:
+        fields["shared_prompt"] = bool(int(parts[4]))
     return text, base.model_copy(update=fields)
 
 
@@ -86,7 +90,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default=DEFAULT_CONFIG, help="a train config (its model and train.optim)")
     parser.add_argument("--variants", default=":", help="comma-separated dtype[:zero_stage[:micro_batch_size"
-                        "[:micro_batch_tokens]]] (an empty field: the config's; default: the config as it is)")
+                        "[:micro_batch_tokens[:shared_prompt]]]] (an empty field: the config's; default: the config "
+                        "as it is)")
     parser.add_argument("--prompts", type=int, default=None, help="default: train.prompts_per_step")
     parser.add_argument("--samples", type=int, default=None, help="per prompt; default: sampling.n")
     parser.add_argument("--prompt-tokens", type=int, default=60)
@@ -100,9 +105,10 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(args.threads)
     model_path = resolve_model(config.model.target, dtype="float32", cache_dir=config.model.cache_dir)
     vocab = int(json.loads((Path(model_path) / "config.json").read_text())["vocab_size"])
-    rows = (args.prompts or config.train.prompts_per_step) * (args.samples or config.sampling.n)
-    batch = synthetic_batch(rows, args.prompt_tokens, args.output_tokens, vocab)
-    print(f"{config.model.target}: {rows} samples, {batch.num_output_tokens} response tokens, "
+    group = args.samples or config.sampling.n
+    rows = (args.prompts or config.train.prompts_per_step) * group
+    batch = synthetic_batch(rows, args.prompt_tokens, args.output_tokens, vocab, group_size=group)
+    print(f"{config.model.target}: {rows} samples in groups of {group}, {batch.num_output_tokens} response tokens, "
           f"{torch.get_num_threads()} threads")
     results = []
     for text in args.variants.split(","):

@@ -322,6 +322,10 @@ class OptimConfig(_Frozen):
         "float16 needs a GPU); auto: bfloat16 where the device computes it natively (a CUDA GPU with bf16, a CPU "
         "with AVX-512 BF16 or AMX), else float32.")
     micro_batch_size: int = Field(8, ge=1, description="Sequences per forward/backward micro batch (at most).")
+    shared_prompt: bool = Field(True, description=(
+        "Forward a prompt once for the rows of a micro-batch that share it (a GRPO group's samples): its keys and "
+        "values are repeated for each row's output and the gradients from every row flow back into the one prompt "
+        "pass. The same loss and gradients up to float rounding, fewer tokens computed (docs/training.md)."))
     micro_batch_tokens: int | None = Field(None, ge=1, description=(
         "Also cap each micro batch at this many padded tokens (rows x longest row; a longer row goes alone); "
         "null: micro_batch_size alone. Rows are grouped by length either way, so little is padding."))

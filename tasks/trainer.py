@@ -137,12 +137,58 @@ def collate(batch: RolloutBatch, device: torch.device | str = "cpu") -> _MicroBa
     return _MicroBatch(*(t.to(device) for t in tensors))
 
 
-def output_logprobs(model: nn.Module, micro: _MicroBatch, temperature: float,
+@dataclass(frozen=True)
+class _SharedPromptBatch:
+    """A micro-batch whose rows share one prompt: the prompt once, the outputs right-padded; O is the longest."""
+
+    prompt_ids: torch.Tensor  # [1, P]
+    output_ids: torch.Tensor  # [B, O]
+    mask: torch.Tensor  # [B, O] 1 for real output tokens
+    old_logprobs: torch.Tensor  # [B, O]
+    advantages: torch.Tensor  # [B]
+
+
+def collate_shared_prompt(batch: RolloutBatch, device: torch.device | str = "cpu") -> _SharedPromptBatch:
+    """The rows of `batch` (one prompt) as the prompt once and right-padded outputs."""
+    if any(prompt != batch.prompt_token_ids[0] for prompt in batch.prompt_token_ids):
+        raise ValueError("collate_shared_prompt: the rows have different prompts")
+    out_width = max(1, max(len(o) for o in batch.output_token_ids))
+    output_ids = torch.zeros(len(batch), out_width, dtype=torch.long)
+    mask, old = torch.zeros(len(batch), out_width), torch.zeros(len(batch), out_width)
+    for row, (output, logprobs) in enumerate(zip(batch.output_token_ids, batch.old_logprobs)):
+        output_ids[row, :len(output)] = torch.tensor(output, dtype=torch.long)
+        mask[row, :len(output)] = 1
+        old[row, :len(output)] = torch.tensor(logprobs, dtype=torch.float32)
+    tensors = (torch.tensor([batch.prompt_token_ids[0]]), output_ids, mask, old, torch.tensor(batch.advantages))
+    return _SharedPromptBatch(*(t.to(device) for t in tensors))
+
+
+def _shared_prompt_logits(model: nn.Module, micro: _SharedPromptBatch) -> torch.Tensor:
+    """Logits [B, O, V] that predict the output tokens: the prompt's last position (output 0) from one pass over
+    the prompt, then every row's outputs 0..O-2 (outputs 1..O-1) over the prompt's keys and values repeated per
+    row. Autograd sums the rows' gradients into the one prompt pass. Outputs are right-padded and attention is
+    causal, so no real token attends to padding and no mask is needed."""
+    rows, width = micro.output_ids.shape
+    first = model(input_ids=micro.prompt_ids, use_cache=True, logits_to_keep=1)  # [1, 1, V] predicts output 0
+    logits = first.logits.expand(rows, 1, -1)
+    if width == 1:
+        return logits
+    cache = first.past_key_values
+    cache.batch_repeat_interleave(rows)  # [1, H, P, D] -> [B, H, P, D] per layer (a differentiable copy)
+    rest = model(input_ids=micro.output_ids[:, :-1], past_key_values=cache, use_cache=True).logits  # [B, O-1, V]
+    return torch.cat([logits, rest], dim=1)
+
+
+def output_logprobs(model: nn.Module, micro: _MicroBatch | _SharedPromptBatch, temperature: float,
                     with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Logprobs [B, O] of the output tokens under `model` (and their entropies [B, O] if asked). The head runs
-    at the O positions that predict output tokens only (HF `logits_to_keep`), not at the prompt's."""
-    picked = model(input_ids=micro.input_ids, attention_mask=micro.attention_mask, use_cache=False,
-                   logits_to_keep=micro.logit_positions).logits  # [B, O, V]
+    at the O positions that predict output tokens only (HF `logits_to_keep`), not at the prompt's; a
+    `_SharedPromptBatch` computes its prompt once (`_shared_prompt_logits`)."""
+    if isinstance(micro, _SharedPromptBatch):
+        picked = _shared_prompt_logits(model, micro)
+    else:
+        picked = model(input_ids=micro.input_ids, attention_mask=micro.attention_mask, use_cache=False,
+                       logits_to_keep=micro.logit_positions).logits  # [B, O, V]
     logprobs = token_logprobs_from_logits(picked, micro.output_ids, temperature)
     if not with_entropy:
         return logprobs, None
@@ -165,6 +211,22 @@ def micro_batches(lengths: list[int], max_rows: int, max_tokens: int | None = No
         else:
             parts.append([i])
     return [sorted(part) for part in parts]
+
+
+def shared_prompt_batches(prompts: list[list[int]], output_lengths: list[int], max_rows: int,
+                          max_tokens: int | None = None) -> list[list[int]]:
+    """Row indices of each micro-batch when rows that share a prompt share its forward: rows grouped by prompt,
+    then within a prompt `micro_batches` of their outputs (`max_tokens` counts the prompt once and each row's
+    output). Groups in order of first appearance; each micro-batch lists its rows in the batch's order."""
+    by_prompt: dict[tuple[int, ...], list[int]] = {}
+    for row, prompt in enumerate(prompts):
+        by_prompt.setdefault(tuple(prompt), []).append(row)
+    parts: list[list[int]] = []
+    for prompt, rows in by_prompt.items():
+        budget = None if max_tokens is None else max(1, max_tokens - len(prompt))
+        for part in micro_batches([output_lengths[r] for r in rows], max_rows, budget):
+            parts.append([rows[i] for i in part])
+    return parts
 
 
 def native_bf16(cuda_available: bool | None = None) -> bool:
@@ -307,7 +369,7 @@ class PolicyTrainer:
         sums: dict[str, float] = {}
         for _, part in self._micro_batches(batch):
             weight = self._aggregation_count(part) / total  # micro-batch mean -> its share of the batch mean
-            loss, metrics = self._micro_loss(collate(part, self.engine.device))
+            loss, metrics = self._micro_loss(self._collate(part))
             self.engine.backward(loss * (weight * ranks), scale_wrt_gas=False)
             for name, value in metrics.items():
                 sums[name] = sums.get(name, 0.0) + weight * value
@@ -328,7 +390,7 @@ class PolicyTrainer:
         self.engine.eval()
         rows: list[list[float]] = [[] for _ in range(len(batch))]
         for indices, part in self._micro_batches(batch):
-            logprobs, _ = output_logprobs(self.engine, collate(part, self.engine.device), self.temperature)
+            logprobs, _ = output_logprobs(self.engine, self._collate(part), self.temperature)
             for index, row, out in zip(indices, logprobs.tolist(), part.output_token_ids):
                 rows[index] = row[:len(out)]
         return rows
@@ -469,12 +531,23 @@ class PolicyTrainer:
                            "weight for it")
 
     def _micro_batches(self, batch: RolloutBatch) -> Iterator[tuple[list[int], RolloutBatch]]:
-        """(row indices, rows) of each micro-batch: rows of similar length (`micro_batches`)."""
-        lengths = [len(p) + len(o) for p, o in zip(batch.prompt_token_ids, batch.output_token_ids)]
-        for rows in micro_batches(lengths, self.cfg.micro_batch_size, self.cfg.micro_batch_tokens):
+        """(row indices, rows) of each micro-batch: with `shared_prompt`, rows of one prompt
+        (`shared_prompt_batches`), else rows of similar length (`micro_batches`)."""
+        if self.cfg.shared_prompt:
+            parts = shared_prompt_batches(batch.prompt_token_ids, [len(o) for o in batch.output_token_ids],
+                                          self.cfg.micro_batch_size, self.cfg.micro_batch_tokens)
+        else:
+            lengths = [len(p) + len(o) for p, o in zip(batch.prompt_token_ids, batch.output_token_ids)]
+            parts = micro_batches(lengths, self.cfg.micro_batch_size, self.cfg.micro_batch_tokens)
+        for rows in parts:
             yield rows, batch.select(rows)
 
-    def _micro_loss(self, micro: _MicroBatch) -> tuple[torch.Tensor, dict[str, float]]:
+    def _collate(self, part: RolloutBatch) -> _MicroBatch | _SharedPromptBatch:
+        if self.cfg.shared_prompt:
+            return collate_shared_prompt(part, self.engine.device)
+        return collate(part, self.engine.device)
+
+    def _micro_loss(self, micro: _MicroBatch | _SharedPromptBatch) -> tuple[torch.Tensor, dict[str, float]]:
         new_logprobs, entropy = output_logprobs(self.engine, micro, self.temperature, with_entropy=True)
         ref_logprobs = None
         if self.reference is not None:

@@ -14,6 +14,15 @@ def test_the_synthetic_batch_has_the_asked_shape():
     assert lengths != sorted(lengths) and lengths != sorted(lengths, reverse=True)  # in a rollout's random order
     assert all(0 <= t < 100 for o in batch.output_token_ids for t in o)
     assert min(batch.advantages) < 0 < max(batch.advantages)
+    assert len({tuple(p) for p in batch.prompt_token_ids}) == 8  # group_size 1: a prompt per row
+
+
+def test_the_synthetic_batch_shares_a_prompt_within_each_group_and_keeps_the_lengths():
+    grouped = synthetic_batch(samples=8, prompt_tokens=5, output_tokens=10, vocab_size=100, group_size=4)
+    prompts = [tuple(p) for p in grouped.prompt_token_ids]
+    assert prompts[:4] == [prompts[0]] * 4 and prompts[4:] == [prompts[4]] * 4 and prompts[0] != prompts[4]
+    alone = synthetic_batch(samples=8, prompt_tokens=5, output_tokens=10, vocab_size=100)
+    assert [len(o) for o in grouped.output_token_ids] == [len(o) for o in alone.output_token_ids]
 
 
 def test_a_variant_overrides_only_what_it_names():
@@ -26,3 +35,4 @@ def test_a_variant_overrides_only_what_it_names():
     _, capped = parse_variant(":::512", base)  # empty fields keep the config's
     assert capped == base.model_copy(update={"micro_batch_tokens": 512})
     assert parse_variant(":", base)[1] == base
+    assert parse_variant("::::0", base)[1] == base.model_copy(update={"shared_prompt": False})

@@ -24,6 +24,7 @@ from tasks.trainer import (
     micro_batches,
     output_logprobs,
     resolve_dtype,
+    shared_prompt_batches,
 )
 from tests.fixtures.state import differing_tensors, flat_tensors
 from tests.fixtures.tiny_models import EOS_ID, make_tiny_model
@@ -118,7 +119,9 @@ def test_update_equals_a_plain_torch_adamw_step_on_the_whole_batch(loss_agg):
     """Micro-batches of 2 (uneven tail), ZeRO-2 and clipping == one full-batch step of torch AdamW."""
     settings = {"lr": 1e-3, "weight_decay": 0.01, "betas": (0.9, 0.95), "grad_clip": 0.5, "temperature": 0.8,
                 "loss_agg": loss_agg}
-    trainer = _trainer(seed=3, micro_batch_size=2, **settings)
+    # the per-row forward the reference makes: the same float operations, so Adam's first step (lr * sign(g) where
+    # |g| >> eps, which turns a rounding difference in a near-zero gradient into lr) matches to 2e-6
+    trainer = _trainer(seed=3, micro_batch_size=2, shared_prompt=False, **settings)
     batch = RolloutBatch.make_dummy(num_samples=5, seed=1)
     batch = RolloutBatch(batch.prompt_token_ids, batch.output_token_ids,
                          [[lp + 0.3 * (i % 3 - 1) for i, lp in enumerate(row)] for row in trainer.logprobs(batch)],
@@ -150,6 +153,55 @@ def test_micro_batches_group_rows_by_length_within_the_row_and_token_caps():
     assert micro_batches([100, 3], 4, max_tokens=50) == [[0], [1]]  # a row over the cap goes alone
     every = sorted(i for part in micro_batches(lengths, 3, max_tokens=60) for i in part)
     assert every == list(range(len(lengths)))
+
+
+def _groups(prompts: int, samples: int, seed: int) -> RolloutBatch:
+    """GRPO-shaped: `samples` rows per prompt, outputs of 1 to 9 tokens, rows of a group not adjacent."""
+    gen = torch.Generator().manual_seed(seed)
+    rows = [(p, s) for s in range(samples) for p in range(prompts)]
+    prompt_of = [torch.randint(256, (3 + 2 * p,), generator=gen).tolist() for p in range(prompts)]
+    outputs = [torch.randint(256, (1 + (3 * p + 5 * s) % 9,), generator=gen).tolist() for p, s in rows]
+    return RolloutBatch([prompt_of[p] for p, _ in rows], outputs, [[0.0] * len(o) for o in outputs],
+                        [(-1.0) ** (p + s) * (0.5 + s) for p, s in rows])
+
+
+def test_shared_prompt_batches_keep_a_group_together_within_the_caps():
+    prompts = [[1, 2], [3], [1, 2], [3], [1, 2], [4, 5, 6]]
+    assert shared_prompt_batches(prompts, [5, 1, 9, 2, 7, 3], 8) == [[0, 2, 4], [1, 3], [5]]
+    assert shared_prompt_batches(prompts, [5, 1, 9, 2, 7, 3], 2) == [[2, 4], [0], [1, 3], [5]]  # longest first
+    # tokens: the prompt once (2) + rows x the longest output: 2 + 2 x 9 > 19 -> 9 alone, then 7 and 5
+    assert shared_prompt_batches(prompts, [5, 1, 9, 2, 7, 3], 8, max_tokens=19) == [[2], [0, 4], [1, 3], [5]]
+
+
+def test_a_shared_prompt_pass_gives_the_per_row_loss_gradients_and_logprobs(monkeypatch):
+    """train.optim.shared_prompt: a group's prompt forwarded once, its keys and values repeated per row, equals the
+    per-row forward (the prompt recomputed for every sample) in loss, metrics, gradients and logprobs, up to
+    float32 rounding; outputs of one token (no second pass) included. (Not the updated weights: Adam's first step
+    is lr * sign(g) where |g| >> eps, so a rounding difference in a near-zero gradient moves a weight by lr.)"""
+    from deepspeed.utils import safe_get_full_grad
+
+    batch = _groups(prompts=3, samples=3, seed=6)
+    per_row = _trainer(seed=2, zero_stage=0, micro_batch_size=4, shared_prompt=False)
+    shared = _trainer(seed=2, zero_stage=0, micro_batch_size=4, shared_prompt=True)
+    passes = []
+    original = trainer_module._shared_prompt_logits
+    monkeypatch.setattr(trainer_module, "_shared_prompt_logits",
+                        lambda model, micro: passes.append(micro.output_ids.shape[0]) or original(model, micro))
+    for got_row, want_row in zip(shared.logprobs(batch), per_row.logprobs(batch)):
+        torch.testing.assert_close(torch.tensor(got_row), torch.tensor(want_row), atol=1e-5, rtol=0)
+    batch = RolloutBatch(batch.prompt_token_ids, batch.output_token_ids,
+                         [[lp + 0.2 * (i % 3 - 1) for i, lp in enumerate(row)] for row in per_row.logprobs(batch)],
+                         batch.advantages)  # off-policy enough to clip some tokens
+    got, want = shared.backward(batch), per_row.backward(batch)
+    assert passes == [3, 3, 3] * 2  # one prompt pass per group of 3 rows, for the logprobs and for the update
+    assert want["clip_fraction"] > 0
+    for name in want:
+        assert got[name] == pytest.approx(want[name], rel=1e-5, abs=1e-6), name
+    shared_params = dict(shared.module.named_parameters())
+    for name, param in per_row.module.named_parameters():
+        expected = safe_get_full_grad(param)
+        torch.testing.assert_close(safe_get_full_grad(shared_params[name]), expected,
+                                   atol=1e-6 + 1e-5 * float(expected.abs().max()), rtol=0, msg=name)
 
 
 def test_bf16_update_computes_the_fp32_loss_and_gradients_within_bf16_precision():
