@@ -35,4 +35,4 @@ def test_a_variant_overrides_only_what_it_names():
     _, capped = parse_variant(":::512", base)  # empty fields keep the config's
     assert capped == base.model_copy(update={"micro_batch_tokens": 512})
     assert parse_variant(":", base)[1] == base
-    assert parse_variant("::::0", base)[1] == base.model_copy(update={"shared_prompt": False})
+    assert parse_variant("::::1", base)[1] == base.model_copy(update={"shared_prompt": True})
