@@ -271,12 +271,19 @@ def init_distributed(backend: str) -> None:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")  # read when deepspeed resolves its accelerator
     for name, value in _SINGLE_PROCESS_ENV.items():
         os.environ.setdefault(name, value)
-    if "MASTER_PORT" not in os.environ:
+    lone = os.environ["WORLD_SIZE"] == "1"
+    if "MASTER_PORT" not in os.environ and not lone:
         os.environ["MASTER_PORT"] = str(_free_port())
     import deepspeed
 
     if on_cpu:  # otherwise init JIT-compiles this op (~70 s on 2 cores), for a single process too
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    if lone and not torch.distributed.is_initialized():
+        # a group of one needs no rendezvous: an in-memory store instead of a TCP port (a free port picked, closed
+        # and bound again can be taken in between: seen as EADDRINUSE with Ray starting beside it); DeepSpeed keeps
+        # a group that is already initialised
+        torch.distributed.init_process_group(resolve_backend(backend), store=torch.distributed.HashStore(),
+                                             rank=0, world_size=1)
     deepspeed.init_distributed(dist_backend=resolve_backend(backend))  # no-op once initialised
 
 
