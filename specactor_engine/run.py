@@ -198,9 +198,7 @@ class Run:
         leaders = sorted(set(first_of.values()))
         lead_slots = slots[leaders]
         self.runner.set_lengths(slots, torch.zeros_like(slots))
-        tokens, counts = self.state.gather(lead_slots, torch.zeros_like(lead_slots), int(self.state.lengths[lead_slots].max()))
-        lead_logits = self.runner.forward(tokens, lead_slots, counts, logits_at="last")  # [P, V]
-        self.runner.commit(lead_slots, counts)
+        lead_logits, counts = self._prefill(lead_slots)
         row_of_leader = {lead: row for row, lead in enumerate(leaders)}
         rows = torch.tensor([row_of_leader[first_of[id(seq.request)]] for seq in batch])
         followers = torch.tensor([i for i in range(len(batch)) if i not in row_of_leader], dtype=torch.long)
@@ -219,6 +217,21 @@ class Run:
         self.stats.prefill_s += clock.now() - started
         no_drafts = DraftProposal(torch.zeros(len(slots), 0, dtype=torch.long), torch.zeros(len(slots), dtype=torch.long))
         self._accept_and_commit(slots, logits, no_drafts, prefill=True)
+
+    def _prefill(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Prefill each of `slots` (distinct prompts) in a forward of its own, commit them, and return the logits
+        at each prompt's last token [P, V] and the prompt lengths [P]. One prompt per forward, unpadded: its keys,
+        values and first logits are a function of the prompt alone, whatever else is admitted with it, so an
+        output does not depend on which requests share its engine (rollout replicas, docs/distributed.md); a
+        padded batch of prompts rounds differently with its shape (fp32 logprobs moved by ~1e-5)."""
+        counts = self.state.lengths[slots].clone()
+        logits = []
+        for slot, count in zip(slots.tolist(), counts.tolist()):
+            one = torch.tensor([slot])
+            tokens, _ = self.state.gather(one, torch.zeros_like(one), count)
+            logits.append(self.runner.forward(tokens, one, torch.tensor([count]), logits_at="last"))  # [1, V]
+        self.runner.commit(slots, counts)
+        return torch.cat(logits), counts
 
     # ------------------------------------------------------------------ one verify round
     def _round(self) -> None:

@@ -89,6 +89,23 @@ def test_seeded_sampling_is_speculation_invariant_on_smollm2(smollm2):
     assert all(gap < NEAR_TIE for *_, gap in mismatches), mismatches
 
 
+def test_a_request_decodes_the_same_alone_or_with_others_on_smollm2(smollm2):
+    """Placement invariance down to the last bit (what rollout replicas rely on, docs/distributed.md): a request's
+    samples, token ids and log-probabilities are equal whether the engine decodes it alone or with prompts of other
+    lengths. A padded batched prefill broke this: fp32 log-probabilities moved by ~1e-5 with the batch's shape."""
+    model, tokenizer = smollm2
+    requests = trace_a_requests()
+    engine = Engine(model, tokenizer, rollout("ar"), max_model_len=1024)
+    sampling = params(max_new_tokens=24, n=2)
+    together = engine.generate(requests, sampling).outputs
+    assert len({len(o.prompt_token_ids) for o in together}) > 1  # prompts of several lengths share the batch
+    for index in (0, 5):
+        alone = engine.generate([requests[index]], sampling).outputs
+        for a, b in zip(alone, together[2 * index:2 * index + 2]):
+            assert (a.request_id, a.sample_index, a.token_ids) == (b.request_id, b.sample_index, b.token_ids)
+            assert a.logprobs == b.logprobs, (a.request_id, a.sample_index)
+
+
 def test_greedy_answer_is_coherent(smollm2):
     model, tokenizer = smollm2
     engine = Engine(model, tokenizer, rollout("coupled", num_draft_tokens=3), max_model_len=512,
