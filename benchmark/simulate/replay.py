@@ -103,6 +103,7 @@ class ReplayRunner:
         self.owner: dict[int, int] = {}  # scratch slot -> the row whose prefix it holds
         self.cache = _Cache(0, 0, self.owner)
         self.state: SequenceState | None = None  # the run's committed tokens (set before decoding)
+        self.prefilled: set[tuple[int, ...]] = set()  # prompts prefilled in the current admission
 
     @property
     def lengths(self) -> torch.Tensor:
@@ -127,13 +128,18 @@ class ReplayRunner:
             counts = num_tokens if num_tokens is not None else torch.full((rows,), width)
             start = self.cache.lengths[slots]
             keys = [int(self.state.seq_keys[self.owner.get(s, s)]) for s in slots.tolist()]
-            if logits_at == "last":  # prefill: one forward over the distinct prompts, the next token's logits
-                distinct = {tuple(input_ids[r, : int(counts[r])].tolist()) for r in range(rows)}
+            if logits_at == "last":  # prefill: a forward per prompt (Run._prefill), the next token's logits
+                # each sample is its own Request here (see replay()), so an admission prefills a group's prompt once
+                # per sample where the engine would once per group: a prompt is charged once per admission (the
+                # prefill forwards of one admission come with no verify forward between them)
+                distinct = {tuple(input_ids[r, : int(counts[r])].tolist()) for r in range(rows)} - self.prefilled
+                self.prefilled |= distinct
                 self.clock.advance(self.costs.prefill(sum(len(p) for p in distinct)))
                 wanted = [self._token(key, int(s + n)) for key, s, n in zip(keys, start.tolist(), counts.tolist())]
                 logits = torch.full((rows, self.vocab_size), NEVER)
                 logits[torch.arange(rows), torch.tensor(wanted)] = 0.0
                 return logits
+            self.prefilled.clear()  # a verify round: the next prefill is another admission's
             context = int(start.max())
             self.clock.advance(self.costs.verify(rows, width, context))
             logits = torch.full((rows, width, self.vocab_size), NEVER)

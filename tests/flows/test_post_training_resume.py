@@ -39,7 +39,11 @@ def _kill_during(overrides: list[str], marker: Path, timeout_s: float = 300) -> 
     """Run the flow in a child process and SIGKILL it as soon as `marker` exists."""
     from prefect.settings import PREFECT_API_URL
 
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "PREFECT_API_URL": PREFECT_API_URL.value()}
+    # not this process's W&B service (WANDB_SERVICE, set by an earlier test's run): a killed child would leave its
+    # run registered there, and the resumed run's init in this process would find the id "in use". A user's
+    # `specactor train` starts its own service, as the child now does.
+    inherited = {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}
+    env = {**inherited, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "PREFECT_API_URL": PREFECT_API_URL.value()}
     child = subprocess.Popen([sys.executable, "-c", _CHILD, json.dumps(overrides)], cwd=REPO, env=env,
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + timeout_s
