@@ -70,6 +70,8 @@ def post_training(config_path: str | None = None, overrides: Sequence[str] = (),
             run.write_metrics(step, metrics)
             run.publish(step)
             run.prune_training_states(keep=step)
+            if config.train.keep_checkpoints is not None:
+                run.prune_checkpoints(step, config.train.keep_checkpoints)
             history[step] = metrics
             tracker.log(step, metrics)
             _artifact(step, metrics)

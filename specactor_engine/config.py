@@ -407,6 +407,9 @@ class TrainConfig(_Frozen):
     """The post-training loop (flows/post_training.py)."""
 
     run_dir: str = Field("runs/default", description="Run directory: rollouts, metrics, checkpoints, W&B files.")
+    keep_checkpoints: int | None = Field(None, ge=1, description=(
+        "Published checkpoints to keep: after each step the ones older than the newest N are deleted (a run "
+        "resumes from the newest; each holds the policy's weights and drafters). None keeps every one."))
     steps: int = Field(4, ge=1, description="GRPO steps.")
     prompts_per_step: int = Field(8, ge=1, description="Prompts per step (each rolled out sampling.n times).")
     speculation: bool = Field(True, description="False: roll out with rollout.mode 'ar'.")

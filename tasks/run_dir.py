@@ -89,6 +89,18 @@ class RunDir:
             if state.parent != self.checkpoint(keep):
                 shutil.rmtree(state, ignore_errors=True)
 
+    def prune_checkpoints(self, latest: int, keep: int) -> list[int]:
+        """Delete the checkpoints older than the newest `keep` up to v<latest> (the published one); return the
+        versions deleted. Versions after `latest` (staged by a step that has not been published) stay."""
+        root = self.root / "checkpoints"
+        if not root.exists():
+            return []
+        old = sorted(int(p.name[1:]) for p in root.iterdir()
+                     if p.is_dir() and p.name.startswith("v") and p.name[1:].isdigit() and int(p.name[1:]) <= latest - keep)
+        for version in old:
+            shutil.rmtree(self.checkpoint(version), ignore_errors=True)
+        return old
+
     def completed_steps(self) -> list[int]:
         """Steps whose metrics were written and whose checkpoint is published."""
         latest = self.latest_version()

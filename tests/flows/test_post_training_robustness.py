@@ -56,6 +56,21 @@ def test_resume_does_not_recompute_a_completed_step(tmp_path, prefect_harness, t
         drop_host(str(run.root))
 
 
+def test_keep_checkpoints_deletes_older_ones_and_the_run_still_resumes(tmp_path, prefect_harness, toy_reward, policy_dir,
+                                                                     data):
+    """train.keep_checkpoints 1: after each step only the published checkpoint is left, and a later command resumes
+    from it."""
+    from tasks.run_dir import RunDir
+
+    run = RunDir(tmp_path / "run")
+    keep = ["train.keep_checkpoints=1"]
+    run_flow(flow_overrides(policy_dir, data, run.root, toy_reward, steps=2) + keep)
+    assert sorted(p.name for p in (run.root / "checkpoints").glob("v*")) == ["v000002"] and run.latest_version() == 2
+    result = run_flow(flow_overrides(policy_dir, data, run.root, toy_reward, steps=3) + keep)
+    assert sorted(result["steps"]) == [1, 2, 3] and run.latest_version() == 3
+    assert sorted(p.name for p in (run.root / "checkpoints").glob("v*")) == ["v000003"]
+
+
 def test_crash_mid_step_keeps_the_last_checkpoint(tmp_path, prefect_harness, toy_reward, policy_dir, data,
                                                  monkeypatch):
     from transformers import AutoModelForCausalLM

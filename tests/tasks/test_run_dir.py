@@ -62,3 +62,15 @@ def test_jsonl_records_whose_text_holds_unicode_line_separators_read_back_whole(
     path = write_jsonl(tmp_path / "rollouts.jsonl", records)
     assert "\u2028" in path.read_text(encoding="utf-8")  # written as is, not escaped
     assert read_jsonl(path) == records
+
+
+def test_prune_checkpoints_keeps_the_newest_published_and_any_staged(tmp_path: Path):
+    run = RunDir(tmp_path)
+    for version in (1, 2, 3, 4):
+        complete_checkpoint(run, version)
+    run.publish(3)  # v4 staged by a step not yet published
+    assert run.prune_checkpoints(3, keep=2) == [1]
+    assert [v for v in (1, 2, 3, 4) if run.checkpoint(v).exists()] == [2, 3, 4]
+    assert run.prune_checkpoints(3, keep=2) == []  # idempotent
+    assert run.prune_checkpoints(4, keep=1) == [2, 3] and run.checkpoint(4).exists()
+    assert RunDir(tmp_path / "none").prune_checkpoints(5, keep=1) == []
