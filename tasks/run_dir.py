@@ -95,8 +95,8 @@ class RunDir:
         root = self.root / "checkpoints"
         if not root.exists():
             return []
-        old = sorted(int(p.name[1:]) for p in root.iterdir()
-                     if p.is_dir() and p.name.startswith("v") and p.name[1:].isdigit() and int(p.name[1:]) <= latest - keep)
+        versions = [int(p.name[1:]) for p in root.iterdir() if p.is_dir() and p.name[:1] == "v" and p.name[1:].isdigit()]
+        old = sorted(v for v in versions if v <= latest - keep)
         for version in old:
             shutil.rmtree(self.checkpoint(version), ignore_errors=True)
         return old
