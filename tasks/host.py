@@ -46,13 +46,12 @@ def local_ray_cpus(config: SpecActorConfig, with_trainer: bool = True) -> int:
     threads. Both reserve theirs for the whole run though they compute in turns (rollout, then update), so on a
     machine with fewer cores the instance claims more CPUs than it has, or the ranks would never be placed."""
     from specactor_engine.replicas.pool import replica_threads
+    from tasks.trainer_ranks import rank_threads
 
-    cores = os.cpu_count() or 1
     replicas = config.rollout.replicas * replica_threads(config) if config.rollout.replicas > 1 else 0
     optim = config.train.optim
-    ranks = optim.world_size * (optim.threads_per_rank or max(1, cores // optim.world_size)) \
-        if with_trainer and optim.world_size > 1 else 0
-    return max(cores, replicas + ranks)
+    ranks = optim.world_size * rank_threads(optim) if with_trainer and optim.world_size > 1 else 0
+    return max(os.cpu_count() or 1, replicas + ranks)
 
 
 def start_local_ray(config: SpecActorConfig, with_trainer: bool = True) -> None:
@@ -128,8 +127,9 @@ def push_policy(host: RunHost, version: int) -> dict[str, Any]:
     the trainer's weights bit for bit; return the digest and, with replicas, how many hold it."""
     from specactor_engine.model.weights import weights_digest
 
-    host.engine.update_weights(host.trainer.state_dict_for_sync(), version=version)
-    expected = weights_digest(host.trainer.state_dict_for_sync())
+    weights = list(host.trainer.state_dict_for_sync())  # exported once (ranks: one transfer); the digest holds
+    host.engine.update_weights(weights, version=version)  # every tensor at once anyway
+    expected = weights_digest(weights)
     held = engine_digests(host.engine)
     if any(digest != expected for digest in held):
         raise RuntimeError(f"weights in the engine differ from the trainer's after sync to v{version} "

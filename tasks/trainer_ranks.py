@@ -98,7 +98,7 @@ class RankedTrainer:
 
         ensure_ray(cfg.ray_address)
         self.cfg, self._version = cfg, 0
-        threads = cfg.threads_per_rank or max(1, (os.cpu_count() or 1) // cfg.world_size)
+        threads = rank_threads(cfg)
         gpus = 1 if resolve_backend(cfg.backend) == "nccl" else 0
         actor = ray.remote(TrainerRank).options(num_cpus=threads, num_gpus=gpus, max_restarts=0)
         self._ranks = [actor.remote(rank, cfg.world_size) for rank in range(cfg.world_size)]
@@ -173,6 +173,11 @@ class RankedTrainer:
                 self.close()
                 raise TrainerRankError(f"a training rank failed in {method}; every rank is stopped") from exc
         return ray.get(calls)
+
+
+def rank_threads(cfg: OptimConfig) -> int:
+    """torch threads (and Ray CPUs) of each rank: train.optim.threads_per_rank, else the cores divided among them."""
+    return cfg.threads_per_rank or max(1, (os.cpu_count() or 1) // cfg.world_size)
 
 
 def deal_rows(batch: RolloutBatch, ranks: int) -> list[list[int]]:
