@@ -88,7 +88,20 @@ class Engine:
         for drafter in self.drafters:  # feature-level drafters read the target's hidden states (drafters/feature.py)
             if drafter.needs_target:
                 drafter.bind_target(self.runner)
+        self._set_cost_shares()
         self.eos_ids = eos_token_ids(tokenizer, target)
+
+    def _set_cost_shares(self) -> None:
+        """Each draft model's prior drafting cost: its step's weight bytes over the target's (Drafter.cost_share);
+        a drafter that set its own (a replay's stand-in) keeps it."""
+        unset = [d for d in self.drafters if d.cost_share is None and not d.model_free]
+        target_bytes = self.runner.step_bytes() if unset else 0
+        for drafter in unset:
+            drafted = drafter.step_bytes() if target_bytes else 0
+            drafter.cost_share = drafted / target_bytes if drafted else None
+
+    def _cost_shares(self) -> dict[str, float]:
+        return {d.name: d.cost_share for d in self.drafters if d.cost_share is not None}
 
     @property
     def speculative(self) -> bool:
@@ -238,7 +251,8 @@ class Engine:
             table = self.cost_table = load_or_measure(self.runner, max_rows, self.num_draft_tokens,
                                                       max_context=max_context)
         if self.length_policy is None:
-            self.length_policy = VerifyLengthPolicy(table, AcceptanceStats(max_k=self.num_draft_tokens))
+            self.length_policy = VerifyLengthPolicy(table, AcceptanceStats(max_k=self.num_draft_tokens),
+                                                    prior_share=self._cost_shares())
         else:
             self.length_policy.cost = table
 

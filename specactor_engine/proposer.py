@@ -9,7 +9,6 @@ beside the row's own draft by the verifier).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -114,18 +113,19 @@ class Proposer:
         about the same per call at 1 row as at 4 (its weights stream once per step), so the per-row accounting
         of the selector undervalues it on a few rows: it gave trace D's rows to suffix drafts that accepted 0.5
         tokens where the model accepted 3.4. Only the round-level cost model can tell, so it is offered the
-        whole-batch choice. The first option is the one the verify length keeps probed while another wins: with
-        several draft models, one not measured yet (config order), so that every model gets measured, else the
-        one measured cheapest per row, so the probes cost least (trace D: probing the 0.5B model every few
-        rounds, with the catch-up forward each probe needs, cost more than it found while the feature-level
-        drafter won). Rows with no room to draft (`caps` 0) get None."""
+        whole-batch choice. The first option is the one the verify length keeps probed while another wins: the
+        draft model cheapest per row, measured or, before its first round, by its size (`_row_cost`), so the
+        probes cost least (trace D: probing the 0.5B model every few rounds, with the catch-up forward each
+        probe needs, cost more than it found while the feature-level drafter won). A costlier model is tried
+        only where the verify length expects it to win, its size-based cost and catch-up included. Rows with no
+        room to draft (`caps` 0) get None."""
         if self.selector is None:
             return None
         keys, verify_s = self.state.seq_keys[slots].tolist(), self._row_verify_s()
         names = self._methods(workers_on)
         free = [m for m in names if m in self.free_methods]
-        cost = self.selector.cost
-        costly = sorted((d.name for d in self.drafters if not d.model_free), key=lambda m: cost.get(m, -math.inf))
+        costly = sorted((d for d in self.drafters if not d.model_free), key=lambda d: self._row_cost(d, verify_s))
+        costly = [d.name for d in costly]
         assignments = [[name] * len(keys) for name in costly]
         assignments.append(self.selector.choose(keys, verify_s, names))
         if free:
@@ -137,6 +137,15 @@ class Proposer:
             if option not in options:
                 options.append(option)
         return options
+
+    def _row_cost(self, drafter: Drafter, verify_s: float) -> tuple[float, float]:
+        """A draft model's drafting seconds per row (the selector's measure) and its size-based share: a model
+        not measured yet is ranked by its prior, share x a row's verify seconds (Drafter.cost_share; without
+        one it counts as free and goes first, so that it gets measured)."""
+        assert self.selector is not None
+        share = drafter.cost_share if drafter.cost_share is not None else 0.0
+        measured = self.selector.cost.get(drafter.name)
+        return (measured if measured is not None else share * verify_s, share)
 
     def catch_up_estimate_s(self, slots: torch.Tensor, option: list[str | None]) -> float:
         """Seconds the draft models of `option` (each row's method [R]) would spend catching up on what the rows

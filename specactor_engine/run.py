@@ -290,10 +290,11 @@ class Run:
             # Fastest-of-N: the verify length and the rows' methods are chosen together (a draft model's
             # drafts may pay at one length and not at another, where the model-free methods' still do)
             options = self.proposer.method_options(slots, caps, workers_on=arm != SOLO)
-            # probing the first option pays its draft models' catch-up: the probe budget weighs it
-            catch_up_s = self.proposer.catch_up_estimate_s(slots, options[0]) if options else 0.0
+            # an option's draft models first feed what they missed (a probe of the first option too: the probe
+            # budget weighs it): its round is charged that catch-up
+            catch_up_s = [self.proposer.catch_up_estimate_s(slots, o) for o in options] if options else None
             caps = caps.clamp_max(policy.choose(len(slots), context, regime=arm or "", options=options,
-                                                first_catch_up_s=catch_up_s))
+                                                catch_up_s=catch_up_s))
             methods = options[policy.option] if options else None
         return RoundPlan(slots, caps, full_caps, context, arm, drafting, policy, methods)
 

@@ -76,6 +76,7 @@ class DrafterFacts:
     shape: dict[str, int] | None = None  # a draft model's roofline shape (costs.ModelShape), None: model-free
     timing: list[tuple[int, int, float]] = field(default_factory=list)  # (rows, k, seconds per call): the grid
     commit_timing: list[tuple[int, float]] = field(default_factory=list)  # (rows, seconds) of `observe_commit`
+    cost_share: float | None = None  # a draft model's size-based prior cost (Drafter.cost_share), None: model-free
 
 
 @dataclass
@@ -288,7 +289,8 @@ def _lockstep(engine: Any, sequences: list[SequenceFacts], max_k: int, params: S
         progress(f"teacher-forced target pass over {n} sequences (the feature-level drafter reads its hidden states)")
         _teacher_forced(engine.runner, sequences)
     facts = [DrafterFacts(d.name, d.model_free, d.defers_prefill, [[0] * len(s.output_ids) for s in sequences],
-                          [[0] * len(s.output_ids) for s in sequences], shape=_shape(d)) for d in drafters]
+                          [[0] * len(s.output_ids) for s in sequences], shape=_shape(d), cost_share=d.cost_share)
+             for d in drafters]
     for drafter, fact in zip(drafters, facts):
         drafter.allocate(n, max_len)
         started = time.perf_counter()

@@ -163,6 +163,7 @@ class ReplayDrafter(Drafter):
         self.name = facts.name
         self.model_free = facts.model_free
         self.defers_prefill = facts.defers_prefill
+        self.cost_share = facts.cost_share  # the real drafter's size-based prior, as the engine set it
         self.index = index  # sequence key -> sequence index in the facts
         self.outputs = outputs
         self.costs = costs

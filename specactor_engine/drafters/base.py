@@ -68,10 +68,18 @@ class Drafter(ABC):
     # `add_rows(..., prefill=False)` leaves the prompts to the catch-up of the rows' first drafting call (the
     # engine defers it for a draft model that is measured costly and not in use: it may never draft for them)
     defers_prefill: bool = False
+    # a draft step's expected seconds as a share of a plain target step's, before any was measured: the ratio of
+    # the weight bytes each reads (`step_bytes`; both stream their weights at a few rows). Set by the engine for
+    # draft models; None: model-free, or not known (policies/verify_length.py's draft-cost prior)
+    cost_share: float | None = None
 
     def bind_target(self, target: Any) -> None:
         """Attach to the engine's target runner (model/runner.py ModelRunner); only drafters that set
         `needs_target` are bound."""
+
+    def step_bytes(self) -> int:
+        """Bytes of weights one draft step reads (0: no model forward); `cost_share` is taken from it."""
+        return 0
 
     def allocate(self, num_slots: int, max_len: int) -> None:
         """Size per-slot buffers for a generate call with `num_slots` rows of up to `max_len` tokens."""

@@ -29,7 +29,7 @@ from specactor_engine.drafters.model import fitting_batches, prefill_prompts
 from specactor_engine.model.draft_vocab import GrowingVocab, load_draft_vocab
 from specactor_engine.model.feature_draft import FeatureDraftModel
 from specactor_engine.model.quantize import quantize_int8
-from specactor_engine.model.runner import ModelRunner
+from specactor_engine.model.runner import ModelRunner, tensor_bytes
 from specactor_engine.model.weights import load_named_weights
 from specactor_engine.state import SequenceState
 from specactor_engine.types import DraftProposal
@@ -93,6 +93,12 @@ class FeatureDrafter(Drafter):
     @property
     def grows(self) -> bool:
         return self.vocab is not None and not self.trained_vocab
+
+    def step_bytes(self) -> int:
+        """fc, the decoder layer, the norm and the head in use (the embedding rows are a lookup)."""
+        if self.target is None:
+            return 0
+        return self.runner.step_bytes() + tensor_bytes(self.fc)
 
     def allocate(self, num_slots: int, max_len: int) -> None:
         self.num_slots, self.max_len = num_slots, max_len

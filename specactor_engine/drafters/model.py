@@ -147,6 +147,11 @@ class ModelDrafter(Drafter):
         path = resolve_model(config.model, dtype=dtype, cache_dir=context.cache_dir)
         return load_hf_model(path, dtype, context.device), AutoTokenizer.from_pretrained(path)
 
+    def step_bytes(self) -> int:
+        """The drafting runner's weights (the int8 copy and the compact head where configured)."""
+        self._refresh_head()
+        return self.runner.step_bytes()
+
     def allocate(self, num_slots: int, max_len: int) -> None:
         self.runner.allocate(num_slots, max_len)
         self._fed = torch.zeros(num_slots, 0, dtype=torch.long)  # drafts fed into the KV, per slot

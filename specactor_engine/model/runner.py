@@ -286,3 +286,32 @@ class ModelRunner:
     def set_lengths(self, slots: torch.Tensor, lengths: torch.Tensor) -> None:
         """Roll back (or reset) slots to the given committed lengths."""
         self.cache.lengths[slots] = lengths
+
+    def step_bytes(self) -> int:
+        """Bytes of weights a one-token step reads: the decoder layers, the final norm and the head in use (the
+        token embedding is a lookup of a few rows). A step at a few rows streams them, so the ratio of two
+        runners' figures is the ratio of their step times there (the draft-cost prior, policies/verify_length.py)."""
+        inner = self.model.model
+        head = self.head if self.head is not None else getattr(self.model, "lm_head", None)
+        return tensor_bytes(inner.layers, inner.norm, head)
+
+
+def tensor_bytes(*modules: nn.Module | None) -> int:
+    """Bytes of the distinct tensors (parameters and buffers) of `modules`, int8 linears' packed weights included
+    (model/quantize.py: they are neither); a tensor shared by two counts once."""
+    seen: set[int] = set()
+    total = 0
+    for module in modules:
+        if module is None:
+            continue
+        tensors = [*module.parameters(), *module.buffers()]
+        for sub in module.modules():
+            if callable(getattr(sub, "weight", None)):  # torch.ao's dynamic int8 Linear: weight() unpacks it
+                weight = sub.weight()
+                total += weight.numel() * weight.element_size()
+        for tensor in tensors:
+            key = tensor.untyped_storage().data_ptr()
+            if key not in seen:
+                seen.add(key)
+                total += tensor.untyped_storage().nbytes()
+    return total

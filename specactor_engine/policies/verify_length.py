@@ -287,6 +287,10 @@ class VerifyLengthPolicy:
     realised: dict[str, float] = field(default_factory=dict)
     expected: tuple[str, float] | None = None  # the key and expected tokens/s of the round just chosen
     idle_share: float = 0.1  # ... and one out of use that drafts a position in more than this share has its prefill deferred
+    # method -> a draft step's expected seconds as a share of a plain (width-1) round, used until the method is
+    # measured (the engine's size-based Drafter.cost_share); a method with none counts as free until measured
+    prior_share: dict[str, float] = field(default_factory=dict)
+    catch_up_s: list[float] = field(default_factory=list)  # per option of the current `choose`: its catch-up
 
     @property
     def max_k(self) -> int:
@@ -320,9 +324,9 @@ class VerifyLengthPolicy:
         """`method` is not in use and drafts a position in more than `idle_share` of a width-1 round of `rows`
         rows: the engine defers its prefill of newly admitted rows (a draft model out of use may never draft
         for them; trace D's 0.5B prefilled every group's prompt, ~1.1 s a run, and drafted in 2 probes)."""
-        if method in self.models_in_use or method not in self.draft_s_by_method:
+        if method in self.models_in_use:
             return False
-        return self.draft_s_by_method[method] > self.idle_share * self.cost.cost(rows, 1)
+        return self.method_draft_s(method, rows) > self.idle_share * self.cost.cost(rows, 1)
 
     def _calibration_regime(self, regime: str, methods: Sequence[str | None] | None, rows: int) -> str | None:
         """The calibration key of rounds drafted by `methods`: the regime and its costly methods (None when it
@@ -351,20 +355,33 @@ class VerifyLengthPolicy:
         counts = Counter(methods)  # one estimate per method, not per row (rounds of 128 rows weigh 10 options)
         return sum(n * (1.0 if m is None else self.method_stats(m).expected_tokens(k)) for m, n in counts.items())
 
+    def method_draft_s(self, method: str, rows: int) -> float:
+        """Seconds `method` takes to draft one position for a round of `rows` rows: measured, else its prior
+        (`prior_share` of a plain round: a draft model is priced by its size before its first round, so one
+        that cannot beat what is measured is never tried, trace D's 0.5B beside the feature-level drafter),
+        else 0 (a model-free method: free until measured, so it gets tried)."""
+        measured = self.draft_s_by_method.get(method)
+        if measured is not None:
+            return measured
+        share = self.prior_share.get(method)
+        return share * self.cost.cost(rows, 1) if share else 0.0
+
     def drafting_seconds(self, k: int, methods: Sequence[str | None] | None = None) -> float:
         """In-line drafting seconds of k draft positions: each method in the assignment drafts its rows in one call
-        (a method not measured yet counts as free, so it gets tried)."""
+        (`method_draft_s`)."""
         if methods is None:
             return k * self.draft_s_per_token
-        return k * sum(self.draft_s_by_method.get(m, 0.0) for m in set(methods) if m is not None)
+        return k * sum(self.method_draft_s(m, len(methods)) for m in set(methods) if m is not None)
 
     def throughput(self, rows: int, k: int, context: int | None = None, regime: str = "",
-                   drafting: bool = True, methods: Sequence[str | None] | None = None) -> float:
+                   drafting: bool = True, methods: Sequence[str | None] | None = None,
+                   catch_up_s: float = 0.0) -> float:
         """Expected tokens per second of a round verifying k drafts on each of `rows` rows whose
         longest committed context is `context` (drafting=False: without the in-line drafting time,
-        as when drafts stream in from concurrent workers; methods: each row's draft method)."""
+        as when drafts stream in from concurrent workers; methods: each row's draft method; catch_up_s: what
+        its draft models would first spend feeding what they missed, charged to a round that drafts)."""
         seconds = self.verify_seconds(rows, k, context, regime, methods) + \
-            (self.drafting_seconds(k, methods) if drafting else 0.0)
+            (self.drafting_seconds(k, methods) + (catch_up_s if k > 0 else 0.0) if drafting else 0.0)
         return self.expected_tokens(rows, k, methods) / max(seconds, 1e-6) * self._realised(regime, methods, k)
 
     def _realised(self, regime: str, methods: Sequence[str | None] | None, k: int) -> float:
@@ -386,7 +403,8 @@ class VerifyLengthPolicy:
         """(throughput, option index) of the best assignment at verify length k (the first on a tie)."""
         if not options:
             return self.throughput(rows, k, context, regime), 0
-        scores = [self.throughput(rows, k, context, regime, methods=o) for o in options]
+        catch_up = self.catch_up_s if len(self.catch_up_s) == len(options) else [0.0] * len(options)
+        scores = [self.throughput(rows, k, context, regime, methods=o, catch_up_s=c) for o, c in zip(options, catch_up)]
         best = max(range(len(options)), key=lambda i: (scores[i], -i))
         # hysteresis on the methods in use, as on k: switching to another draft model pays a catch-up forward
         # over what it has not seen, which the per-round estimates leave out (trace D: near ties between the 0.5B
@@ -404,11 +422,15 @@ class VerifyLengthPolicy:
                    key=lambda k: (self._best_option(rows, k, context, regime, options)[0], -k))
 
     def choose(self, rows: int, context: int | None = None, regime: str = "",
-               options: Sequence[Sequence[str | None]] | None = None, first_catch_up_s: float = 0.0) -> int:
+               options: Sequence[Sequence[str | None]] | None = None, first_catch_up_s: float = 0.0,
+               catch_up_s: Sequence[float] | None = None) -> int:
         """The verify length for the next round of `rows` rows (recorded in `history`). options: the
         assignments of a draft method per row to choose among; the chosen one's index is left in `option`.
-        first_catch_up_s: what a probe of the first assignment would spend catching its draft models up."""
-        self.first_catch_up_s = first_catch_up_s
+        first_catch_up_s: what a probe of the first assignment would spend catching its draft models up;
+        catch_up_s: the same for every option (then charged to each option's round: trace D's 0.5B won rounds
+        on a few rows of a mixed assignment by its per-round estimate and fed their whole context each time)."""
+        self.catch_up_s = list(catch_up_s) if catch_up_s is not None else []
+        self.first_catch_up_s = self.catch_up_s[0] if self.catch_up_s else first_catch_up_s
         def score(k: int) -> float:
             return self._best_option(rows, k, context, regime, options)[0]
 

@@ -150,6 +150,10 @@ def test_dynamic_length_with_the_draft_model_beside_model_free_methods_is_exact(
     params = sampling(temperature, n=3, max_new_tokens=30)
     reference = token_ids(run(target, ragged_requests(6), params))
     drafters = [make_drafter(kind, target, torch.float64) for kind in ("model", "suffix", "ngram")]
+    # the table prices a plain round at 10 ms, where the tiny models take well under 1: the draft model's prior
+    # (its share of the target's bytes, 0.6 here) would price it at 6 ms a position, and it would never be tried
+    drafters[0].cost_share = 0.01
+    drafters[0].catch_up_estimate_s = lambda state, slots: 0.0  # likewise its catch-ups, timed in real seconds
     engine = specactor_engine(target, drafters, cost_table=table(0.01, 0.0001), verify_length="dynamic")
     result = engine.generate(ragged_requests(6), params)
     assert token_ids(result) == reference
@@ -241,6 +245,42 @@ def test_with_two_draft_models_the_one_measured_cheaper_is_offered_first_and_kep
     assert proposer.method_options(torch.arange(2), caps, workers_on=False)[:2] == [[names[0]] * 2, [names[1]] * 2]
     selector.cost.update({names[1]: 0.01})  # the second measured cheaper: it goes first
     assert proposer.method_options(torch.arange(2), caps, workers_on=False)[:2] == [[names[1]] * 2, [names[0]] * 2]
+
+
+def test_a_draft_model_not_measured_yet_is_ranked_by_its_size(target):  # noqa: F811
+    """The engine gives each draft model a prior cost, its step's weight bytes over the target's; until a model is
+    measured it is ranked by that prior (share x a row's verify seconds), so of two models the smaller one is the
+    first option (measured and kept probed) and the larger is tried only where the verify length expects it to
+    win: counted free, trace D's 0.5B was probed beside a feature-level drafter that dominated it."""
+    from types import SimpleNamespace
+
+    from specactor_engine.policies.selector import FastestOfNSelector
+    from specactor_engine.proposer import Proposer
+    from specactor_engine.types import EngineStats
+
+    drafters = [make_drafter(kind, target, torch.float64) for kind in ("self", "model", "suffix")]
+    engine = specactor_engine(target, drafters)
+    big, small = drafters[0], drafters[1]
+    assert big.cost_share == pytest.approx(1.0)  # the target itself
+    assert small.cost_share == pytest.approx(small.step_bytes() / engine.runner.step_bytes())
+    assert 0.0 < small.cost_share < 0.6 and drafters[2].cost_share is None
+    layers = sum(p.numel() * p.element_size() for p in target.model.layers.parameters())
+    head = target.lm_head.weight.numel() * target.lm_head.weight.element_size()
+    norm = sum(p.numel() * p.element_size() for p in target.model.norm.parameters())
+    assert engine.runner.step_bytes() == layers + head + norm
+
+    names = [d.name for d in drafters]
+    selector = FastestOfNSelector(names)
+    stats = EngineStats()
+    stats.verify_s, stats.row_rounds = 0.1, 1
+    state = SimpleNamespace(seq_keys=torch.tensor([11, 12]))
+    proposer = Proposer(state, sampling(1.0), stats, drafters, None, selector, None, 0, True, 64,
+                        lambda slot: ([], 0, False))
+    caps = torch.tensor([4, 4])
+    # config order puts the big one first; its size puts the small one first
+    assert proposer.method_options(torch.arange(2), caps, workers_on=False)[:2] == [["model"] * 2, ["self"] * 2]
+    selector.cost.update({"self": 0.2 * small.cost_share * 0.1})  # the big one measured cheaper than the prior
+    assert proposer.method_options(torch.arange(2), caps, workers_on=False)[:2] == [["self"] * 2, ["model"] * 2]
 
 
 def test_plain_decoding_inside_the_block_is_the_ar_baseline_and_speculation_resumes_after(target):  # noqa: F811

@@ -494,3 +494,53 @@ def test_a_method_whose_rounds_realise_less_than_expected_is_expected_less():
         policy.models_in_use = frozenset()
         policy.choose(4, options=options)
         assert policy.option == chosen
+
+
+def test_a_draft_model_not_measured_yet_is_priced_by_its_size():
+    """Trace D: the feature-level drafter (3% of the target's bytes) measured, half its first drafts accepted,
+    the 0.5B (13%) not measured yet. Counted free, the 0.5B at its optimistic prior beat the measured drafter
+    and won probes that cost more than they found; priced at its share of a plain round, it is not chosen, and
+    the feature drafter's rounds go on. A model-free method not measured yet still counts as free."""
+    feature, big = ["feature"] * 4, ["big"] * 4
+    table = linear_table(0.1, 0.001)
+
+    def measured(prior_share):
+        policy = policy_with(table, [0.5] * 4, prior_share=prior_share)
+        for _ in range(20):
+            policy.observe_round(3, [3] * 4, [1, 0, 0, 1], 0.012, 0.13, 4, methods=feature,
+                                 draft_s_by_method={"feature": 0.012})
+        return policy
+
+    free = measured({})
+    assert free.drafting_seconds(4, big) == 0.0 and free.choose(4, options=[feature, big]) > 0 and free.option == 1
+    priced = measured({"big": 0.13, "feature": 0.03})
+    assert priced.method_draft_s("big", 4) == pytest.approx(0.13 * table.cost(4, 1))
+    assert priced.method_draft_s("feature", 4) == pytest.approx(0.004)  # measured: the prior is left
+    assert priced.method_draft_s("suffix", 4) == 0.0
+    assert priced.choose(4, options=[feature, big]) > 0 and priced.option == 0
+    # its prior says it drafts a position in more than `idle_share` of a plain round: its prefill waits
+    assert priced.idle_and_costly("big", 4) and not free.idle_and_costly("big", 4)
+
+
+def test_an_option_s_catch_up_is_charged_to_its_round():
+    """Trace D: the 0.5B won single rounds on a few rows of a mixed assignment by its per-round estimate, and each
+    such round first fed those rows' whole context (0.4 s a round). With each option's catch-up given, a model
+    that has fallen behind wins a round only if it is worth that feed too."""
+    feature, big = ["feature"] * 4, ["big"] * 4
+    table = linear_table(0.1, 0.001)
+
+    def policy():
+        p = policy_with(table, [0.5] * 4)
+        for methods, accepted, draft_s in ((feature, [1, 0, 0, 1], 0.012), (big, [3, 3, 2, 3], 0.06)):
+            for _ in range(20):
+                p.observe_round(3, [3] * 4, accepted, draft_s, 0.13 + draft_s, 4, methods=methods,
+                                draft_s_by_method={methods[0]: draft_s})
+        return p
+
+    free = policy()
+    assert free.choose(4, options=[feature, big]) > 0 and free.option == 1  # the premise: it wins a round
+    charged = policy()
+    assert charged.choose(4, options=[feature, big], catch_up_s=[0.0, 0.4]) > 0 and charged.option == 0
+    assert charged.first_catch_up_s == 0.0  # the first option's, for the probe budget
+    caught_up = policy()
+    assert caught_up.choose(4, options=[feature, big], catch_up_s=[0.0, 0.0]) > 0 and caught_up.option == 1
