@@ -255,6 +255,12 @@ class Engine:
                                                     prior_share=self._cost_shares())
         else:
             self.length_policy.cost = table
+        # a feed (prefill, catch-up) is a wide forward: a target token of the widest profiled verify, times the share
+        rows, width = table.batch_sizes[-1], self.num_draft_tokens + 1
+        per_token = table.cost(rows, width) / (rows * width)
+        for drafter in self.drafters:
+            if drafter.cost_share is not None:
+                drafter.feed_s_prior = drafter.cost_share * per_token
 
     def reserve(self, requests: Sequence[Request], sampling: Any) -> None:
         """Size the KV caches for a `generate` of these requests now rather than inside it.

@@ -72,6 +72,9 @@ class Drafter(ABC):
     # the weight bytes each reads (`step_bytes`; both stream their weights at a few rows). Set by the engine for
     # draft models; None: model-free, or not known (policies/verify_length.py's draft-cost prior)
     cost_share: float | None = None
+    # seconds per token of a feed before one was measured (the engine's: cost_share x a target token's share of its
+    # widest verify); None: unknown, a catch-up then counts as free
+    feed_s_prior: float | None = None
 
     def bind_target(self, target: Any) -> None:
         """Attach to the engine's target runner (model/runner.py ModelRunner); only drafters that set
@@ -100,11 +103,13 @@ class Drafter(ABC):
         return torch.zeros(len(slots), dtype=torch.long)
 
     def catch_up_estimate_s(self, state: SequenceState, slots: torch.Tensor) -> float:
-        """Seconds the next `propose` for `slots` would spend catching up, at the measured feed rate (0 while
-        none was measured: the first call measures it)."""
-        if self.feed_s_per_token is None:
+        """Seconds the next `propose` for `slots` would spend catching up, at the measured feed rate, else at the
+        prior one (`feed_s_prior`), else 0 (the first call measures it). Trace A: the 0.5B, its prefills deferred
+        and no feed measured, was chosen with a catch-up counted free and fed 32 rows' contexts, ~6 s."""
+        rate = self.feed_s_per_token if self.feed_s_per_token is not None else self.feed_s_prior
+        if rate is None:
             return 0.0
-        return float(self.behind(state, slots).sum()) * self.feed_s_per_token
+        return float(self.behind(state, slots).sum()) * rate
 
     def observe_feed(self, seconds: float, tokens: int) -> None:
         """Fold one feed of `tokens` tokens that took `seconds` into `feed_s_per_token`."""

@@ -140,8 +140,14 @@ def test_a_draft_model_knows_what_it_would_catch_up_and_at_what_rate(kind: str, 
     state.tokens[:, state.lengths[0]: state.lengths[0] + 6] = torch.tensor([5, 6, 7, 5, 6, 7])
     state.lengths += 6  # six more tokens committed while other methods drafted
     assert torch.equal(drafter.behind(state, slots), before + 6)
+    drafter.feed_s_prior = 1.0  # measured beats the prior
     assert drafter.catch_up_estimate_s(state, slots) == pytest.approx(
         float((before + 6).sum()) * drafter.feed_s_per_token)
+    # nothing measured (its prefill deferred): the engine's prior rate, not free (trace A: ~6 s of catch-up
+    # counted as nothing)
+    rate, drafter.feed_s_per_token = drafter.feed_s_per_token, None
+    assert drafter.catch_up_estimate_s(state, slots) == pytest.approx(float((before + 6).sum()) * 1.0)
+    drafter.feed_s_per_token = rate
     request = DraftRequest(slots, torch.tensor([2] * len(CAPS)), SamplingParams(temperature=1.0))
     drafter.propose(state, request)
     assert drafter.catch_up_s > 0 and int(drafter.behind(state, slots).max()) == 0

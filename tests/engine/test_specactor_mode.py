@@ -160,6 +160,9 @@ def test_dynamic_length_with_the_draft_model_beside_model_free_methods_is_exact(
     assert result.stats.drafted_per_drafter.get("model", 0) > 0
     policy = engine.length_policy
     assert policy is not None and "model" in policy.draft_s_by_method and "model" in policy.by_method
+    # its feed rate before one is measured: its share of a target token of the widest profiled verify
+    rows, width = policy.cost.batch_sizes[-1], engine.num_draft_tokens + 1
+    assert drafters[0].feed_s_prior == pytest.approx(0.01 * policy.cost.cost(rows, width) / (rows * width))
 
 
 @pytest.mark.parametrize("per_token, combined", [(0.0, True), (0.01, False)])
