@@ -147,16 +147,18 @@ class Proposer:
         measured = self.selector.cost.get(drafter.name)
         return (measured if measured is not None else share * verify_s, share)
 
-    def catch_up_estimate_s(self, slots: torch.Tensor, option: list[str | None]) -> float:
+    def catch_up_estimate_s(self, slots: torch.Tensor, option: list[str | None], steady: int = 0) -> float:
         """Seconds the draft models of `option` (each row's method [R]) would spend catching up on what the rows
-        committed while other methods drafted, before drafting this round (Drafter.catch_up_estimate_s)."""
+        committed while other methods drafted, before drafting this round (Drafter.catch_up_estimate_s; steady:
+        tokens per row a model drafting every round feeds anyway, the verify length's max_k + 1: a model in
+        steady use is charged none, trace A's feature drafter had been charged 32 rows' last tokens a round)."""
         total = 0.0
         for drafter in self.drafters:
             if drafter.model_free:
                 continue
             mine = [row for row, method in enumerate(option) if method == drafter.name]
             if mine:
-                total += drafter.catch_up_estimate_s(self.state, slots[mine])
+                total += drafter.catch_up_estimate_s(self.state, slots[mine], steady)
         return total
 
     def _methods(self, workers_on: bool) -> list[str]:

@@ -292,7 +292,8 @@ class Run:
             options = self.proposer.method_options(slots, caps, workers_on=arm != SOLO)
             # an option's draft models first feed what they missed (a probe of the first option too: the probe
             # budget weighs it): its round is charged that catch-up
-            catch_up_s = [self.proposer.catch_up_estimate_s(slots, o) for o in options] if options else None
+            steady = self.engine.num_draft_tokens + 1
+            catch_up_s = [self.proposer.catch_up_estimate_s(slots, o, steady) for o in options] if options else None
             caps = caps.clamp_max(policy.choose(len(slots), context, regime=arm or "", options=options,
                                                 catch_up_s=catch_up_s))
             methods = options[policy.option] if options else None

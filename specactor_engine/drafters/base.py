@@ -102,14 +102,16 @@ class Drafter(ABC):
         feeds before drafting (a draft model after rounds drafted by other methods; 0 without a cache)."""
         return torch.zeros(len(slots), dtype=torch.long)
 
-    def catch_up_estimate_s(self, state: SequenceState, slots: torch.Tensor) -> float:
+    def catch_up_estimate_s(self, state: SequenceState, slots: torch.Tensor, steady: int = 0) -> float:
         """Seconds the next `propose` for `slots` would spend catching up, at the measured feed rate, else at the
         prior one (`feed_s_prior`), else 0 (the first call measures it). Trace A: the 0.5B, its prefills deferred
-        and no feed measured, was chosen with a catch-up counted free and fed 32 rows' contexts, ~6 s."""
+        and no feed measured, was chosen with a catch-up counted free and fed 32 rows' contexts, ~6 s.
+        steady: tokens per row a round drafting with it every round feeds anyway (the last round's accepted drafts
+        and bonus token: its steady drafting cost holds them), left out; 0 counts everything behind."""
         rate = self.feed_s_per_token if self.feed_s_per_token is not None else self.feed_s_prior
         if rate is None:
             return 0.0
-        return float(self.behind(state, slots).sum()) * rate
+        return float((self.behind(state, slots) - steady).clamp_min(0).sum()) * rate
 
     def observe_feed(self, seconds: float, tokens: int) -> None:
         """Fold one feed of `tokens` tokens that took `seconds` into `feed_s_per_token`."""

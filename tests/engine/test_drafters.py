@@ -143,6 +143,9 @@ def test_a_draft_model_knows_what_it_would_catch_up_and_at_what_rate(kind: str, 
     drafter.feed_s_prior = 1.0  # measured beats the prior
     assert drafter.catch_up_estimate_s(state, slots) == pytest.approx(
         float((before + 6).sum()) * drafter.feed_s_per_token)
+    # what a round drafting every round feeds anyway (steady: max_k + 1 a row) is not a catch-up
+    assert drafter.catch_up_estimate_s(state, slots, steady=6) == pytest.approx(
+        float(before.sum()) * drafter.feed_s_per_token)
     # nothing measured (its prefill deferred): the engine's prior rate, not free (trace A: ~6 s of catch-up
     # counted as nothing)
     rate, drafter.feed_s_per_token = drafter.feed_s_per_token, None

@@ -124,7 +124,7 @@ def test_feature_drafter_beside_model_free_methods_is_exact(target, temperature)
     # the table prices a plain round at 10 ms, where the tiny models take well under 1: priced by its share of the
     # tiny target's bytes (most of it), or with its catch-ups timed in real seconds, it would never be tried
     drafters[0].cost_share = 0.01
-    drafters[0].catch_up_estimate_s = lambda state, slots: 0.0
+    drafters[0].catch_up_estimate_s = lambda state, slots, steady=0: 0.0
     engine = engine_with(target, drafters, "specactor", cost_table=table(0.01, 0.0001), verify_length="dynamic")
     result = engine.generate(ragged_requests(6), params)
     assert token_ids(result) == reference

@@ -153,7 +153,7 @@ def test_dynamic_length_with_the_draft_model_beside_model_free_methods_is_exact(
     # the table prices a plain round at 10 ms, where the tiny models take well under 1: the draft model's prior
     # (its share of the target's bytes, 0.6 here) would price it at 6 ms a position, and it would never be tried
     drafters[0].cost_share = 0.01
-    drafters[0].catch_up_estimate_s = lambda state, slots: 0.0  # likewise its catch-ups, timed in real seconds
+    drafters[0].catch_up_estimate_s = lambda state, slots, steady=0: 0.0  # likewise its catch-ups, timed in real seconds
     engine = specactor_engine(target, drafters, cost_table=table(0.01, 0.0001), verify_length="dynamic")
     result = engine.generate(ragged_requests(6), params)
     assert token_ids(result) == reference
