@@ -49,9 +49,14 @@ def synthetic_batch(samples: int, prompt_tokens: int, output_tokens: int, vocab_
 
 def parse_variant(text: str, base: OptimConfig) -> tuple[str, OptimConfig]:
     """`dtype[:zero_stage[:micro_batch_size[:micro_batch_tokens[:shared_prompt]]]]` over the config's optim
-    settings (an empty field keeps the config's; shared_prompt 0 or 1)."""
+    settings (an empty field keeps the config's; shared_prompt 0 or 1; dtype `autocast`: float32 weights with
+    bf16 matrix multiplies, `train.optim.autocast: bfloat16`)."""
     parts = text.split(":")
     fields: dict[str, Any] = {"dtype": parts[0]} if parts[0] else {}
+    if parts[0] == "autocast":
+        fields = {"dtype": "float32", "autocast": "bfloat16"}
+    elif parts[0]:
+        fields["autocast"] = "none"
     if len(parts) > 1 and parts[1]:
         fields["zero_stage"] = int(parts[1])
     if len(parts) > 2 and parts[2]:
@@ -90,8 +95,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default=DEFAULT_CONFIG, help="a train config (its model and train.optim)")
     parser.add_argument("--variants", default=":", help="comma-separated dtype[:zero_stage[:micro_batch_size"
-                        "[:micro_batch_tokens[:shared_prompt]]]] (an empty field: the config's; default: the config "
-                        "as it is)")
+                        "[:micro_batch_tokens[:shared_prompt]]]] (an empty field: the config's; dtype autocast: fp32 "
+                        "weights, bf16 matrix multiplies; default: the config as it is)")
     parser.add_argument("--prompts", type=int, default=None, help="default: train.prompts_per_step")
     parser.add_argument("--samples", type=int, default=None, help="per prompt; default: sampling.n")
     parser.add_argument("--prompt-tokens", type=int, default=60)

@@ -109,14 +109,15 @@ def token_logprobs_from_logits(logits: torch.Tensor, target_ids: torch.Tensor, t
     """
     scale = temperature if temperature > 0 else 1.0
     scores = logits if logits.dtype == torch.float64 else logits.float()
-    logp = torch.log_softmax(scores / scale, dim=-1)  # [B, T, V]
+    logp = torch.log_softmax(scores / scale if scale != 1.0 else scores, dim=-1)  # [B, T, V]; x / 1 is x
     return logp.gather(-1, target_ids[..., None]).squeeze(-1).float()
 
 
 def entropy_from_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """Entropy of softmax(logits / T) per position: [B, T, V] -> [B, T] float32."""
     scale = temperature if temperature > 0 else 1.0
-    logp = torch.log_softmax(logits.float() / scale, dim=-1)
+    scores = logits.float()
+    logp = torch.log_softmax(scores / scale if scale != 1.0 else scores, dim=-1)
     return -(logp.exp() * logp).sum(-1)
 
 

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import nn
 
@@ -196,6 +197,29 @@ def output_logprobs(model: nn.Module, micro: _MicroBatch | _SharedPromptBatch, t
         return logprobs, entropy_from_logits(picked, temperature)
 
 
+def set_attention(model: nn.Module, attention: str, cuda: bool | None = None) -> str:
+    """Switch `model` (an HF causal LM) to the configured attention; 'auto': eager on CPU, sdpa with CUDA (the
+    fused kernel's CPU backward is slow at these shapes: OptimConfig.attention). Returns what it set."""
+    if attention == "auto":
+        attention = "sdpa" if (torch.cuda.is_available() if cuda is None else cuda) else "eager"
+    if hasattr(model, "set_attn_implementation"):
+        model.set_attn_implementation(attention)
+    return attention
+
+
+def keep_head_float32(model: nn.Module) -> None:
+    """Run `model`'s LM head outside autocast, in float32: the logits a policy gradient differentiates through
+    log_softmax need fp32's resolution (bf16 rounds a logit of 20 to a multiple of 0.125). The module and its
+    state dict are unchanged (the weight stays shared with a tied embedding); only its forward is replaced."""
+    head = model.get_output_embeddings()
+
+    def forward(hidden: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(device_type=hidden.device.type, enabled=False):
+            return F.linear(hidden.float(), head.weight.float(), None if head.bias is None else head.bias.float())
+
+    head.forward = forward
+
+
 def micro_batches(lengths: list[int], max_rows: int, max_tokens: int | None = None) -> list[list[int]]:
     """Row indices of each micro-batch: rows sorted by length (longest first, stable), cut every `max_rows` rows
     and, with `max_tokens`, before a row would make rows x longest exceed it (a row longer than that goes
@@ -302,6 +326,7 @@ def deepspeed_config(cfg: OptimConfig) -> dict[str, Any]:
         "gradient_clipping": cfg.grad_clip,
         "zero_optimization": {"stage": cfg.zero_stage},
         "bf16": {"enabled": cfg.dtype == "bfloat16"},
+        "torch_autocast": {"enabled": cfg.autocast != "none", "dtype": "bfloat16"},
         "fp16": {"enabled": cfg.dtype == "float16"},
         "steps_per_print": 2**31 - 1,
         "wall_clock_breakdown": False,
@@ -334,10 +359,13 @@ class PolicyTrainer:
         import deepspeed
 
         model = model.to(_DTYPES[cfg.dtype]).train()
+        set_attention(model, cfg.attention)
         self.reference = None
         if cfg.use_reference:
             source = model if reference is None else reference.to(_DTYPES[cfg.dtype])
             self.reference = copy.deepcopy(source).eval().requires_grad_(False)
+        if cfg.autocast != "none":  # after the reference's copy: the replaced forward reads this model's head
+            keep_head_float32(model)
         params = [p for p in model.parameters() if p.requires_grad]
         # fused: one kernel per step over all parameters (CPU and CUDA), same update as the loop
         optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay,
