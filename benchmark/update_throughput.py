@@ -91,6 +91,41 @@ def measure(config: SpecActorConfig, model_path: Path, optim: OptimConfig, batch
             "others_cpu_share": others}
 
 
+def _gradient(trainer: Any) -> torch.Tensor:
+    """The trainer's whole gradient after `backward`, flattened in parameter order (float64)."""
+    from deepspeed.utils import safe_get_full_grad
+
+    return torch.cat([safe_get_full_grad(p).double().flatten() for _, p in trainer.module.named_parameters()])
+
+
+def accuracy(config: SpecActorConfig, model_path: Path, variants: list[tuple[str, OptimConfig]], batch: RolloutBatch
+             ) -> list[dict[str, Any]]:
+    """What each variant computes against the first one's on one on-policy batch (its log-probabilities are the
+    first variant's own): the loss, the gradient's error relative to its norm and cosine, and the mean absolute
+    gap between the variant's log-probabilities and the first's (what a ratio over rollout log-probabilities
+    computed by the reference's numerics would see)."""
+    def build(optim: OptimConfig) -> Any:
+        return build_trainer(config.model_copy(update={"train": config.train.model_copy(update={"optim": optim})}),
+                             model_path)
+
+    reference = build(variants[0][1])
+    batch = RolloutBatch(batch.prompt_token_ids, batch.output_token_ids, reference.logprobs(batch), batch.advantages)
+    expected_loss = reference.backward(batch)["loss"]
+    expected = _gradient(reference)
+    rows = []
+    for name, optim in variants[1:]:
+        trainer = build(optim)
+        metrics = trainer.backward(batch)
+        got = _gradient(trainer)
+        error = torch.linalg.vector_norm(got - expected) / torch.linalg.vector_norm(expected)
+        rows.append({"variant": name, "reference": variants[0][0], "loss": metrics["loss"],
+                     "reference_loss": expected_loss, "gradient_error": float(error),
+                     "gradient_cosine": float(torch.nn.functional.cosine_similarity(got, expected, dim=0)),
+                     "logprob_gap": metrics["rollout_logprob_gap"]})
+        del trainer
+    return rows
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default=DEFAULT_CONFIG, help="a train config (its model and train.optim)")
@@ -104,6 +139,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=3, help="timed steps per variant (after one warm-up)")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--out", type=Path, default=None, help="write the results here as JSON")
+    parser.add_argument("--accuracy", action="store_true", help="instead of timing: each variant's loss, gradient "
+                        "(relative error, cosine) and log-probabilities against the first variant's on one on-policy "
+                        "batch (e.g. --variants float32:0,autocast:0,bfloat16:0)")
     args = parser.parse_args(argv)
     config = load_config(args.config)
     if args.threads:
@@ -115,6 +153,19 @@ def main(argv: list[str] | None = None) -> None:
     batch = synthetic_batch(rows, args.prompt_tokens, args.output_tokens, vocab, group_size=group)
     print(f"{config.model.target}: {rows} samples in groups of {group}, {batch.num_output_tokens} response tokens, "
           f"{torch.get_num_threads()} threads")
+    if args.accuracy:
+        variants = [parse_variant(text.strip(), config.train.optim) for text in args.variants.split(",")]
+        rows = accuracy(config, model_path, variants, batch)
+        for row in rows:
+            print(f"{row['variant']:<24} loss {row['loss']:+.5f} ({row['reference']}: {row['reference_loss']:+.5f})  "
+                  f"gradient error {row['gradient_error']:.1%}  cosine {row['gradient_cosine']:.4f}  "
+                  f"log-probability gap {row['logprob_gap']:.4f}", flush=True)
+        if args.out is not None:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps({"config": args.config, "samples": len(batch),
+                                            "response_tokens": batch.num_output_tokens, "accuracy": rows}, indent=1)
+                                + "\n", encoding="utf-8")
+        return
     results = []
     for text in args.variants.split(","):
         name, optim = parse_variant(text.strip(), config.train.optim)

@@ -349,7 +349,8 @@ class PolicyTrainer:
         cfg = resolve_dtype(cfg)
         check_device_support(cfg)
         self.cfg = cfg
-        logger.info("policy update in %s, ZeRO-%d, micro-batches of %d rows", cfg.dtype, cfg.zero_stage,
+        logger.info("policy update in %s%s, ZeRO-%d, micro-batches of %d rows", cfg.dtype,
+                    f" with {cfg.autocast} autocast" if cfg.autocast != "none" else "", cfg.zero_stage,
                     cfg.micro_batch_size)
         self.temperature = temperature
         self.version = 0  # updates the weights hold: +1 per step, restored by load_checkpoint
@@ -359,7 +360,7 @@ class PolicyTrainer:
         import deepspeed
 
         model = model.to(_DTYPES[cfg.dtype]).train()
-        set_attention(model, cfg.attention)
+        logger.info("policy attention in the update: %s", set_attention(model, cfg.attention))
         self.reference = None
         if cfg.use_reference:
             source = model if reference is None else reference.to(_DTYPES[cfg.dtype])

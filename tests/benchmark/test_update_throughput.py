@@ -36,3 +36,31 @@ def test_a_variant_overrides_only_what_it_names():
     assert capped == base.model_copy(update={"micro_batch_tokens": 512})
     assert parse_variant(":", base)[1] == base
     assert parse_variant("::::1", base)[1] == base.model_copy(update={"shared_prompt": True})
+
+
+def test_the_autocast_variant_is_float32_weights_with_bf16_autocast_and_a_dtype_variant_turns_it_off():
+    base = OptimConfig(dtype="float32", autocast="bfloat16", zero_stage=0)
+    name, optim = parse_variant("autocast:2", OptimConfig(dtype="float32", zero_stage=0))
+    assert name == "autocast:2" and (optim.dtype, optim.autocast, optim.zero_stage) == ("float32", "bfloat16", 2)
+    assert parse_variant("bfloat16", base)[1].autocast == "none"  # bf16 weights cannot run under autocast
+    assert parse_variant("float32", base)[1].autocast == "none"
+    assert parse_variant(":0", base)[1] == base  # no dtype named: the config's, autocast included
+
+
+def test_accuracy_compares_each_variant_with_the_first_on_one_on_policy_batch(monkeypatch):
+    """The accuracy rows of a variant against itself are exact; bf16 against fp32 is not (the tiny model)."""
+    from benchmark import update_throughput
+    from specactor_engine.config import ModelConfig, SpecActorConfig, TrainConfig
+    from tasks.trainer import PolicyTrainer
+    from tests.fixtures.tiny_models import make_tiny_model
+
+    monkeypatch.setattr(update_throughput, "build_trainer", lambda config, path: PolicyTrainer(
+        make_tiny_model("llama", seed=2), config.train.optim, temperature=1.0, seed=0))
+    config = SpecActorConfig(model=ModelConfig(target="tiny"), train=TrainConfig())
+    base = OptimConfig(dtype="float32", zero_stage=0, micro_batch_size=2)
+    batch = synthetic_batch(samples=4, prompt_tokens=3, output_tokens=6, vocab_size=200)
+    rows = update_throughput.accuracy(config, None, [("float32", base), ("float32", base),
+                                                     parse_variant("bfloat16", base)], batch)
+    same, low = rows
+    assert same["gradient_error"] == 0.0 and same["loss"] == same["reference_loss"] and same["logprob_gap"] == 0.0
+    assert low["gradient_error"] > 0 and low["logprob_gap"] > 0 and low["gradient_cosine"] > 0.9
