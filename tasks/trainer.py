@@ -365,6 +365,7 @@ class PolicyTrainer:
         if cfg.use_reference:
             source = model if reference is None else reference.to(_DTYPES[cfg.dtype])
             self.reference = copy.deepcopy(source).eval().requires_grad_(False)
+            set_attention(self.reference, cfg.attention)  # a resumed run's reference is loaded, not copied
         if cfg.autocast != "none":  # after the reference's copy: the replaced forward reads this model's head
             keep_head_float32(model)
         params = [p for p in model.parameters() if p.requires_grad]

@@ -345,15 +345,18 @@ def _target_mass(model: torch.nn.Module, prompts: torch.Tensor, targets: torch.T
     return probs[:, targets].sum(-1).mean().item()
 
 
-def test_grpo_learns_to_emit_a_target_token():
+@pytest.mark.parametrize("update", [{"zero_stage": 2}, {"zero_stage": 0, "autocast": "bfloat16",
+                                                         "old_logprobs": "trainer"}], ids=["fp32", "make-run"])
+def test_grpo_learns_to_emit_a_target_token(update):
     """Toy verifiable task: reward 1 iff the first sampled token is an uppercase letter (26 of 261 tokens).
 
     The expected reward is measured exactly (softmax mass on the targets), not sampled, so the
     thresholds are deterministic for the seeds; 4 prompts x 8 samples per step. Seen: 0.11 -> 0.92
-    in 12 steps (seeds 1-4 of this set-up needed 8-11 steps).
+    in 12 steps (seeds 1-4 of this set-up needed 8-11 steps). `make-run`: the make-run update (fp32 weights, bf16
+    autocast, the trainer's own old log-probabilities) learns it too.
     """
     model = make_tiny_model("llama", seed=0, init_range=0.1)  # less peaky than the default 0.3
-    trainer = PolicyTrainer(model, OptimConfig(lr=1e-2, zero_stage=2, micro_batch_size=16), temperature=1.0, seed=0)
+    trainer = PolicyTrainer(model, OptimConfig(lr=1e-2, micro_batch_size=16, **update), temperature=1.0, seed=0)
     gen = torch.Generator().manual_seed(0)
     prompts = torch.randint(0, 256, (4, 5), generator=gen)
     targets = torch.arange(ord("A"), ord("Z") + 1)
