@@ -221,25 +221,33 @@ def test_the_draft_model_is_offered_for_the_whole_batch_even_where_the_selector_
     assert options == [["model", None, "model"], ["suffix", None, "suffix"]]
 
 
-def test_with_two_draft_models_the_one_measured_cheaper_is_offered_first_and_kept_probed(target):  # noqa: F811
-    """The first option is the one the verify length probes while another wins; probing the costlier of two
-    draft models (each probe also pays its catch-up forward) cost trace D more than it found. A model not
-    measured yet goes first (config order among those), so that each gets measured at least once."""
+def _two_row_proposer(drafters):
+    """A Proposer over `drafters` for two rows (sequence keys 11, 12) with a Fastest-of-N selector, a row's verify
+    share 0.1 s: (proposer, selector)."""
     from types import SimpleNamespace
 
     from specactor_engine.policies.selector import FastestOfNSelector
     from specactor_engine.proposer import Proposer
     from specactor_engine.types import EngineStats
 
-    drafters = [make_drafter(kind, target, torch.float64) for kind in ("model", "self", "suffix")]
-    names = [d.name for d in drafters]
-    assert [d.model_free for d in drafters] == [False, False, True]
-    selector = FastestOfNSelector(names)
+    selector = FastestOfNSelector([d.name for d in drafters])
     stats = EngineStats()
     stats.verify_s, stats.row_rounds = 0.1, 1
     state = SimpleNamespace(seq_keys=torch.tensor([11, 12]))
     proposer = Proposer(state, sampling(1.0), stats, drafters, None, selector, None, 0, True, 64,
                         lambda slot: ([], 0, False))
+    return proposer, selector
+
+
+def test_with_two_draft_models_the_one_measured_cheaper_is_offered_first_and_kept_probed(target):  # noqa: F811
+    """The first option is the one the verify length probes while another wins; probing the costlier of two
+    draft models (each probe also pays its catch-up forward) cost trace D more than it found. A model not
+    measured yet and without a size prior (no engine set one) counts as free and goes first (config order among
+    those), so that it gets measured."""
+    drafters = [make_drafter(kind, target, torch.float64) for kind in ("model", "self", "suffix")]
+    names = [d.name for d in drafters]
+    assert [d.model_free for d in drafters] == [False, False, True]
+    proposer, selector = _two_row_proposer(drafters)
     caps = torch.tensor([4, 4])
     assert proposer.method_options(torch.arange(2), caps, workers_on=False)[:2] == [[names[0]] * 2, [names[1]] * 2]
     selector.cost.update({names[0]: 0.05})  # only the first measured: the second goes first, to be measured
@@ -255,12 +263,6 @@ def test_a_draft_model_not_measured_yet_is_ranked_by_its_size(target):  # noqa: 
     measured it is ranked by that prior (share x a row's verify seconds), so of two models the smaller one is the
     first option (measured and kept probed) and the larger is tried only where the verify length expects it to
     win: counted free, trace D's 0.5B was probed beside a feature-level drafter that dominated it."""
-    from types import SimpleNamespace
-
-    from specactor_engine.policies.selector import FastestOfNSelector
-    from specactor_engine.proposer import Proposer
-    from specactor_engine.types import EngineStats
-
     drafters = [make_drafter(kind, target, torch.float64) for kind in ("self", "model", "suffix")]
     engine = specactor_engine(target, drafters)
     big, small = drafters[0], drafters[1]
@@ -272,13 +274,7 @@ def test_a_draft_model_not_measured_yet_is_ranked_by_its_size(target):  # noqa: 
     norm = sum(p.numel() * p.element_size() for p in target.model.norm.parameters())
     assert engine.runner.step_bytes() == layers + head + norm
 
-    names = [d.name for d in drafters]
-    selector = FastestOfNSelector(names)
-    stats = EngineStats()
-    stats.verify_s, stats.row_rounds = 0.1, 1
-    state = SimpleNamespace(seq_keys=torch.tensor([11, 12]))
-    proposer = Proposer(state, sampling(1.0), stats, drafters, None, selector, None, 0, True, 64,
-                        lambda slot: ([], 0, False))
+    proposer, selector = _two_row_proposer(drafters)
     caps = torch.tensor([4, 4])
     # config order puts the big one first; its size puts the small one first
     assert proposer.method_options(torch.arange(2), caps, workers_on=False)[:2] == [["model"] * 2, ["self"] * 2]
