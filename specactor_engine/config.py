@@ -321,11 +321,12 @@ class OptimConfig(_Frozen):
         "float32", description="Training dtype: bfloat16/float16 compute over fp32 master weights (docs/training.md; "
         "float16 needs a GPU); auto: bfloat16 where the device computes it natively (a CUDA GPU with bf16, a CPU "
         "with AVX-512 BF16 or AMX), else float32.")
-    autocast: Literal["none", "bfloat16"] = Field("none", description=(
+    autocast: Literal["none", "bfloat16", "auto"] = Field("none", description=(
         "With dtype float32: run the forward and backward matrix multiplies in bfloat16 under torch.autocast "
         "(DeepSpeed's torch_autocast), while the weights, the optimizer, the residual stream, the norms, the LM "
         "head and the loss stay float32 (docs/training.md: bf16 arithmetic where it is fast, fp32 where a policy "
-        "gradient is sensitive: the log-probabilities). 'none': float32 throughout."))
+        "gradient is sensitive: the log-probabilities). 'none': float32 throughout; 'auto': bfloat16 where the "
+        "device computes it natively (a CPU with AVX-512 BF16 or AMX, a CUDA GPU with bf16), else none."))
     attention: Literal["auto", "eager", "sdpa"] = Field("auto", description=(
         "The policy's attention in the update (Hugging Face attn_implementation): 'eager' (matmul, softmax, matmul: "
         "its backward runs as matrix multiplies), 'sdpa' (torch's fused kernel); 'auto': eager on CPU, where the "

@@ -263,11 +263,17 @@ def native_bf16(cuda_available: bool | None = None) -> bool:
 
 
 def resolve_dtype(cfg: OptimConfig, bf16_native: bool | None = None) -> OptimConfig:
-    """`cfg` with dtype 'auto' made concrete: bfloat16 where the device computes it natively, else float32."""
-    if cfg.dtype != "auto":
+    """`cfg` with dtype and autocast 'auto' made concrete: bfloat16 where the device computes it natively (else
+    float32 and no autocast)."""
+    if cfg.dtype != "auto" and cfg.autocast != "auto":
         return cfg
     native = native_bf16() if bf16_native is None else bf16_native
-    return cfg.model_copy(update={"dtype": "bfloat16" if native else "float32"})
+    update: dict[str, str] = {}
+    if cfg.dtype == "auto":
+        update["dtype"] = "bfloat16" if native else "float32"
+    if cfg.autocast == "auto":
+        update["autocast"] = "bfloat16" if native else "none"
+    return cfg.model_copy(update=update)
 
 
 def check_device_support(cfg: OptimConfig, cuda_available: bool | None = None) -> None:

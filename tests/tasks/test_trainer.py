@@ -272,6 +272,10 @@ def test_auto_dtype_is_bf16_only_where_the_device_computes_it_natively():
     assert resolve_dtype(auto, bf16_native=True).zero_stage == 0
     explicit = OptimConfig(dtype="float32")
     assert resolve_dtype(explicit, bf16_native=True) is explicit
+    mixed = OptimConfig(dtype="float32", autocast="auto")  # the make-run update
+    assert resolve_dtype(mixed, bf16_native=True).autocast == "bfloat16"
+    assert resolve_dtype(mixed, bf16_native=False).autocast == "none"  # emulated bf16 matmuls would be slower
+    assert resolve_dtype(mixed, bf16_native=False).dtype == "float32"
 
 
 def test_trainer_old_logprobs_make_the_update_the_on_policy_one_whatever_the_rollout_logprobs():
