@@ -422,15 +422,15 @@ class VerifyLengthPolicy:
                    key=lambda k: (self._best_option(rows, k, context, regime, options)[0], -k))
 
     def choose(self, rows: int, context: int | None = None, regime: str = "",
-               options: Sequence[Sequence[str | None]] | None = None, first_catch_up_s: float = 0.0,
+               options: Sequence[Sequence[str | None]] | None = None,
                catch_up_s: Sequence[float] | None = None) -> int:
         """The verify length for the next round of `rows` rows (recorded in `history`). options: the
         assignments of a draft method per row to choose among; the chosen one's index is left in `option`.
-        first_catch_up_s: what a probe of the first assignment would spend catching its draft models up;
-        catch_up_s: the same for every option (then charged to each option's round: trace D's 0.5B won rounds
-        on a few rows of a mixed assignment by its per-round estimate and fed their whole context each time)."""
+        catch_up_s: per option, what its draft models would spend catching up before drafting: charged to the
+        option's round (trace D's 0.5B won rounds on a few rows of a mixed assignment by its per-round estimate
+        and fed their whole context each time), and the first option's weighs in its probe budget."""
         self.catch_up_s = list(catch_up_s) if catch_up_s is not None else []
-        self.first_catch_up_s = self.catch_up_s[0] if self.catch_up_s else first_catch_up_s
+        self.first_catch_up_s = self.catch_up_s[0] if self.catch_up_s else 0.0
         def score(k: int) -> float:
             return self._best_option(rows, k, context, regime, options)[0]
 

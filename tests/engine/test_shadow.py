@@ -101,7 +101,7 @@ class _FixedLength:
     def __init__(self, policy, k: int) -> None:
         self.policy, self.k, self.probe_deep = policy, k, False
 
-    def choose(self, rows, context=None, regime="", options=None, first_catch_up_s=0.0, catch_up_s=None):
+    def choose(self, rows, context=None, regime="", options=None, catch_up_s=None):
         return self.k
 
     def __getattr__(self, name):

@@ -461,7 +461,7 @@ def test_the_first_probe_of_a_costly_assignment_waits_for_its_catch_up_estimate(
             policy.observe_acceptance([4] * 4, [0, 0, 0, 0], MODEL)
         policy.draft_s_by_method["model"] = 0.1
         for round_index in range(150):
-            k = policy.choose(4, options=[MODEL, SUFFIX], first_catch_up_s=catch_up_s)
+            k = policy.choose(4, options=[MODEL, SUFFIX], catch_up_s=[catch_up_s, 0.0])
             if policy.option == 0 and k > 0:
                 return round_index
             policy.observe_round(k, [k] * 4, [2] * 4, 0.0, 0.1, 4, methods=SUFFIX)
