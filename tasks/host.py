@@ -129,7 +129,10 @@ def push_policy(host: RunHost, version: int) -> dict[str, Any]:
 
     weights = list(host.trainer.state_dict_for_sync())  # exported once (ranks: one transfer); the digest holds
     host.engine.update_weights(weights, version=version)  # every tensor at once anyway
-    expected = weights_digest(weights)
+    # the engine holds them in its own dtype (a bf16 engine beside fp32 master weights): the trainer's weights
+    # rounded as the load rounds them, bit for bit
+    held_dtypes = {name: p.dtype for name, p in host.engine.runner.model.named_parameters(remove_duplicate=False)}
+    expected = weights_digest((name, t.to(held_dtypes.get(name, t.dtype))) for name, t in weights)
     held = engine_digests(host.engine)
     if any(digest != expected for digest in held):
         raise RuntimeError(f"weights in the engine differ from the trainer's after sync to v{version} "
