@@ -8,12 +8,13 @@ that `--help` and config errors are instant.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Literal, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, Literal, NoReturn
 
 import typer
 from rich.console import Console
@@ -116,13 +117,31 @@ def prompts(
     task: Annotated[str, typer.Option("--task", help="A reasoning-gym task name.")] = "chain_sum",
     count: Annotated[int, typer.Option("--count", min=1, help="Number of prompts.")] = 4,
     seed: Annotated[int, typer.Option("--seed", help="Dataset seed.")] = 0,
+    task_config: Annotated[str | None, typer.Option(
+        "--task-config", help="The task's reasoning-gym settings as a JSON object, as train.data.task_config "
+        "holds them, e.g. '{\"min_terms\": 2, \"max_terms\": 2}'.")] = None,
 ) -> None:
     """Write reasoning-gym prompts as a JSONL prompt file for `specactor rollout`."""
     from tasks.prompts import write_reasoning_gym_prompts
 
+    settings = _json_object(task_config, "--task-config") if task_config else None
     with user_errors(ValueError):
-        write_reasoning_gym_prompts(task, count, seed, out)
+        if settings is None:
+            write_reasoning_gym_prompts(task, count, seed, out)
+        else:
+            write_reasoning_gym_prompts(task, count, seed, out, settings)
     console.print(f"wrote {count} '{task}' prompts to {out}", highlight=False, soft_wrap=True)
+
+
+def _json_object(text: str, option: str) -> dict[str, Any]:
+    """`text` parsed as a JSON object; a usage error naming `option` otherwise."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise typer.BadParameter(f"not JSON ({error})", param_hint=option) from None
+    if not isinstance(value, dict):
+        raise typer.BadParameter(f"expected a JSON object, got {type(value).__name__}", param_hint=option)
+    return value
 
 
 @app.command()

@@ -54,9 +54,11 @@ def answers_path(prompts_path: Path) -> Path:
     return prompts_path.with_suffix(".answers.jsonl")
 
 
-def write_reasoning_gym_prompts(task: str, count: int, seed: int, out: Path) -> Path:
-    """Write `count` prompts of `task` to `out` (JSONL) and their answers beside it; return `out`."""
-    items = reasoning_gym_items(task, count, seed)
+def write_reasoning_gym_prompts(task: str, count: int, seed: int, out: Path,
+                                config: Mapping[str, Any] | None = None) -> Path:
+    """Write `count` prompts of `task` (reasoning-gym settings `config`) to `out` (JSONL) and their answers beside
+    it; return `out`."""
+    items = reasoning_gym_items(task, count, seed, config)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     _write_jsonl(out, [{"id": item["id"], "messages": build_prompt(item["question"])} for item in items])

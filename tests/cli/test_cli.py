@@ -257,6 +257,22 @@ def test_prompts_command_calls_the_task_writer(monkeypatch: pytest.MonkeyPatch, 
     assert calls == [("chain_sum", 3, 5, out)]
 
 
+def test_prompts_command_passes_the_task_config_and_refuses_bad_json(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    calls: list[tuple[Any, ...]] = []
+    module = types.ModuleType("tasks.prompts")
+    module.write_reasoning_gym_prompts = lambda *args: calls.append(args)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "tasks.prompts", module)
+    out = tmp_path / "p.jsonl"
+    result = run("prompts", "--count", "2", "--out", out, "--task-config", '{"min_terms": 2, "max_terms": 2}')
+    assert result.exit_code == 0, result.output
+    assert calls == [("chain_sum", 2, 0, out, {"min_terms": 2, "max_terms": 2})]
+    for bad, said in (("{min_terms: 2}", "not JSON"), ("[2]", "expected a JSON object")):
+        result = run("prompts", "--out", out, "--task-config", bad)
+        assert result.exit_code == 2 and said in result.output and "--task-config" in result.output
+    assert len(calls) == 1
+
+
 def test_log_level_option(fake_engine: type[FakeEngine], prompts_file: Path, tmp_path: Path) -> None:
     result = run("--log-level", "debug", "rollout", "--prompts", prompts_file, "--out", tmp_path / "o.jsonl")
     assert result.exit_code == 0, result.output

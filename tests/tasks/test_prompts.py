@@ -81,3 +81,11 @@ def test_write_prompts_is_byte_identical_across_runs(tmp_path):
     second = write_reasoning_gym_prompts("countdown", count=5, seed=11, out=tmp_path / "b.jsonl")
     assert first.read_bytes() == second.read_bytes()
     assert answers_path(first).read_bytes() == answers_path(second).read_bytes()
+
+
+def test_write_prompts_applies_the_task_config(tmp_path):
+    out = write_reasoning_gym_prompts("chain_sum", count=6, seed=3, out=tmp_path / "p.jsonl",
+                                      config={"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1})
+    questions = [json.loads(line)["messages"][0]["content"] for line in out.read_text().splitlines()]
+    expressions = [q.split(": ", 1)[1].split(" =")[0] for q in questions]
+    assert all(len(e.split()) == 3 and all(len(t) == 1 for t in e.split()[::2]) for e in expressions), expressions
