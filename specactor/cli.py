@@ -273,7 +273,8 @@ def _print_train_summary(result: dict) -> None:
     steps = {step: metrics for step, metrics in result["steps"].items() if step > 0}
     table = Table(title=f"post-training -> {result['run_dir']}")
     columns = [("step", "step", "{}"), ("reward", "reward/mean", "{:.3f}"), ("accuracy", "accuracy", "{:.2f}"),
-               ("accept len", "rollout/mean_acceptance_length", "{:.2f}"), ("loss", "train/loss", "{:.4f}"),
+               ("accept len", "rollout/mean_acceptance_length", "{:.2f}"),
+               ("verify len", "rollout/mean_verify_length", "{:.2f}"), ("loss", "train/loss", "{:.4f}"),
                ("rollout s", "time/rollout_s", "{:.1f}"), ("reward s", "time/reward_s", "{:.1f}"),
                ("update s", "time/update_s", "{:.1f}"), ("sync s", "time/sync_s", "{:.1f}"),
                ("eval s", "time/eval_s", "{:.1f}")]
@@ -300,7 +301,24 @@ def _print_train_summary(result: dict) -> None:
                       f"): {last['eval/rollout_speedup']:.2f}x ({last['eval/ar_rollout_s']:.1f} s -> "
                       f"{last['eval/rollout_s']:.1f} s), outputs identical: {last['eval/identical']:.0%}",
                       highlight=False, soft_wrap=True)
+    if (note := _speculation_note(list(steps.values()))) is not None:
+        out.print(note, highlight=False, soft_wrap=True)
     console.print(f"run directory: {result['run_dir']}\nW&B files: {result['wandb_dir']}", highlight=False)
+
+
+SPECULATION_OFF_BELOW = 0.1  # mean verify length (draft tokens verified per row per round) under which it stayed off
+
+
+def _speculation_note(steps: list[dict]) -> str | None:
+    """A line saying why the acceptance length stayed at 1 when the verify-length policy chose (almost) no drafts
+    over the whole run: that is its cost model's decision, not drafts failing; None otherwise."""
+    lengths = [m["rollout/mean_verify_length"] for m in steps if "rollout/mean_verify_length" in m]
+    if not lengths or max(lengths) >= SPECULATION_OFF_BELOW:
+        return None
+    return (f"speculation stayed off: the verify-length policy verified at most {max(lengths):.2f} draft tokens per "
+            "row per round in any step, judging from the measured verify costs and the drafts' acceptance that "
+            "wider verifies would cost more than they return at this batch on this machine (docs/training.md, "
+            "'Speculation in the main job')")
 
 
 def _add_rows(table: Table, columns: list[tuple[str, str, str]], rows: list[dict]) -> None:

@@ -34,3 +34,17 @@ def test_without_an_evaluation_only_the_steps_are_shown(capsys):
     _print_train_summary({"run_dir": "r", "wandb_dir": "w", "steps": {1: _step(1)}})
     text = capsys.readouterr().out
     assert "post-training -> r" in text and "held-out" not in text and "speedup" not in text
+
+
+def test_a_run_whose_policy_never_speculated_says_so_and_one_that_did_does_not(capsys):
+    """Acceptance length 1.00 throughout reads as drafts failing; the summary says the policy chose not to draft."""
+    off = {1: _step(1, **{"rollout/mean_verify_length": 0.01}), 2: _step(2, **{"rollout/mean_verify_length": 0.05})}
+    _print_train_summary({"run_dir": "r", "wandb_dir": "w", "steps": off})
+    text = capsys.readouterr().out
+    assert "verify len" in text and "0.05" in text
+    assert "speculation stayed off: the verify-length policy verified at most 0.05 draft tokens" in text
+    on = {1: _step(1, **{"rollout/mean_verify_length": 0.01}), 2: _step(2, **{"rollout/mean_verify_length": 0.6})}
+    _print_train_summary({"run_dir": "r", "wandb_dir": "w", "steps": on})
+    assert "speculation stayed off" not in capsys.readouterr().out
+    _print_train_summary({"run_dir": "r", "wandb_dir": "w", "steps": {1: _step(1)}})  # mode ar: no verify length
+    assert "speculation stayed off" not in capsys.readouterr().out
