@@ -126,10 +126,7 @@ def prompts(
 
     settings = _json_object(task_config, "--task-config") if task_config else None
     with user_errors(ValueError):
-        if settings is None:
-            write_reasoning_gym_prompts(task, count, seed, out)
-        else:
-            write_reasoning_gym_prompts(task, count, seed, out, settings)
+        write_reasoning_gym_prompts(task, count, seed, out, settings)
     console.print(f"wrote {count} '{task}' prompts to {out}", highlight=False, soft_wrap=True)
 
 
@@ -311,9 +308,11 @@ SPECULATION_OFF_BELOW = 0.1  # mean verify length (draft tokens verified per row
 
 def _speculation_note(steps: list[dict]) -> str | None:
     """A line saying why the acceptance length stayed at 1 when the verify-length policy chose (almost) no drafts
-    over the whole run: that is its cost model's decision, not drafts failing; None otherwise."""
+    over the whole run: that is its cost model's decision, not drafts failing; None otherwise (and for plain
+    decoding, which has no drafters to report)."""
     lengths = [m["rollout/mean_verify_length"] for m in steps if "rollout/mean_verify_length" in m]
-    if not lengths or max(lengths) >= SPECULATION_OFF_BELOW:
+    drafting = any(key.startswith("drafter/") for m in steps for key in m)
+    if not drafting or not lengths or max(lengths) >= SPECULATION_OFF_BELOW:
         return None
     return (f"speculation stayed off: the verify-length policy verified at most {max(lengths):.2f} draft tokens per "
             "row per round in any step, judging from the measured verify costs and the drafts' acceptance that "

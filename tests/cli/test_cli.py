@@ -254,7 +254,7 @@ def test_prompts_command_calls_the_task_writer(monkeypatch: pytest.MonkeyPatch, 
     out = tmp_path / "p.jsonl"
     result = run("prompts", "--task", "chain_sum", "--count", "3", "--seed", "5", "--out", out)
     assert result.exit_code == 0, result.output
-    assert calls == [("chain_sum", 3, 5, out)]
+    assert calls == [("chain_sum", 3, 5, out, None)]
 
 
 def test_prompts_command_passes_the_task_config_and_refuses_bad_json(

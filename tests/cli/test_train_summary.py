@@ -38,13 +38,17 @@ def test_without_an_evaluation_only_the_steps_are_shown(capsys):
 
 def test_a_run_whose_policy_never_speculated_says_so_and_one_that_did_does_not(capsys):
     """Acceptance length 1.00 throughout reads as drafts failing; the summary says the policy chose not to draft."""
-    off = {1: _step(1, **{"rollout/mean_verify_length": 0.01}), 2: _step(2, **{"rollout/mean_verify_length": 0.05})}
+    drafters = {"drafter/ngram/version": 0}
+    off = {1: _step(1, **{"rollout/mean_verify_length": 0.01}, **drafters),
+           2: _step(2, **{"rollout/mean_verify_length": 0.05}, **drafters)}
     _print_train_summary({"run_dir": "r", "wandb_dir": "w", "steps": off})
     text = capsys.readouterr().out
     assert "verify len" in text and "0.05" in text
     assert "speculation stayed off: the verify-length policy verified at most 0.05 draft tokens" in text
-    on = {1: _step(1, **{"rollout/mean_verify_length": 0.01}), 2: _step(2, **{"rollout/mean_verify_length": 0.6})}
+    on = {1: _step(1, **{"rollout/mean_verify_length": 0.01}, **drafters),
+          2: _step(2, **{"rollout/mean_verify_length": 0.6}, **drafters)}
     _print_train_summary({"run_dir": "r", "wandb_dir": "w", "steps": on})
     assert "speculation stayed off" not in capsys.readouterr().out
-    _print_train_summary({"run_dir": "r", "wandb_dir": "w", "steps": {1: _step(1)}})  # mode ar: no verify length
+    plain = {1: _step(1, **{"rollout/mean_verify_length": 0.0})}  # rollout.mode ar: no drafters, nothing to explain
+    _print_train_summary({"run_dir": "r", "wandb_dir": "w", "steps": plain})
     assert "speculation stayed off" not in capsys.readouterr().out
