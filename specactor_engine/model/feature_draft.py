@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specactor_engine.model.runner import apply_rotary
+from specactor_engine.kernels.decode_ops import apply_rotary
 
 WEIGHTS_FILE = "feature_drafter.safetensors"
 CONFIG_FILE = "feature_drafter.json"

@@ -19,6 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specactor_engine.kernels import decode_ops
+from specactor_engine.kernels.build import extension_available
+from specactor_engine.kernels.decode_ops import apply_rotary
 from specactor_engine.kernels.paged_attention import kernel_available, paged_decode_attention
 from specactor_engine.model.draft_vocab import install_subset_head, load_draft_vocab
 from specactor_engine.model.kv_cache import KVCache
@@ -60,14 +63,18 @@ def grouped_attention_fp32(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ma
     return torch.matmul(weights, v.float()).view(R, H, T, D)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+# transformers' RMSNorm classes of the supported families: w * (x / rms(x)) in float32, what
+# kernels/decode_ops.rms_norm computes (a norm of another kind keeps the model's module)
+STANDARD_NORMS = ("LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "MistralRMSNorm")
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [R, T, H, D]; cos, sin: [R, T, D]."""
-    return x * cos[:, :, None] + _rotate_half(x) * sin[:, :, None]
+def fusable_layers(model: nn.Module) -> bool:
+    """Every norm is a standard RMSNorm and the MLPs' activation is SiLU: the decoder layers' elementwise
+    work can run as kernels/decode_ops' fused ops."""
+    inner = model.model
+    norms = [inner.norm] + [n for layer in inner.layers for n in (layer.input_layernorm, layer.post_attention_layernorm)]
+    return (getattr(model.config, "hidden_act", None) == "silu"
+            and all(type(n).__name__ in STANDARD_NORMS and hasattr(n, "variance_epsilon") for n in norms))
 
 
 def load_hf_model(path: str | Path, dtype: str, device: str = "cpu") -> nn.Module:
@@ -112,6 +119,8 @@ class ModelRunner:
     vocabulary, whose logits are then [..., N] for its N tokens); it may be replaced between forwards.
     record_features: keep every position's normalised final hidden state in the cache (`KVCache.features`),
     for a feature-level drafter (set before `allocate`; `record_features()` turns it on later).
+    With paged_attention on, a CPU model whose layers allow it (`fusable_layers`) also runs each layer's
+    norms, residual adds, rotary, KV write and SiLU-mul as kernels/decode_ops' fused ops (not in float64).
     """
 
     def __init__(self, model: nn.Module, num_slots: int = 0, max_len: int = 0, packed_linear: bool = True,
@@ -134,6 +143,7 @@ class ModelRunner:
         self.paged_attention = paged_attention and self.device.type == "cpu"
         self._packed_head: PackedLinear | None = None
         self.head = head
+        self._fused: bool | None = None  # decided at the first forward (it may build the kernels)
 
     def _new_cache(self, num_slots: int, max_len: int) -> KVCache:
         return KVCache(self.config.num_hidden_layers, num_slots, max_len, self.num_kv_heads, self.head_dim,
@@ -178,6 +188,12 @@ class ModelRunner:
         """Self-attention of x [R, T, d] over each slot's cache; mask None: the paged decode kernel."""
         attn = layer.self_attn
         R, T, _ = x.shape
+        cos, sin = rope
+        if self._fused and self.projections is not None and not hasattr(attn, "q_norm"):
+            # one op: rotary on q and k of the fused projection, k and v into the cache
+            q = decode_ops.rotary_write_kv(self.projections[layer_idx].qkv(x), cos, sin, self.cache.keys[layer_idx],
+                                           self.cache.values[layer_idx], slots, positions, self.num_heads)
+            return self._attend(layer_idx, attn, q, slots, positions, mask)
         if self.projections is None:
             q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
         else:
@@ -188,9 +204,15 @@ class ModelRunner:
         v = v.view(R, T, self.num_kv_heads, self.head_dim)
         if hasattr(attn, "q_norm"):  # qwen3: per-head RMSNorm before rotary
             q, k = attn.q_norm(q), attn.k_norm(k)
-        cos, sin = rope
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         self.cache.write(layer_idx, slots, positions, k, v)
+        return self._attend(layer_idx, attn, q, slots, positions, mask)
+
+    def _attend(self, layer_idx: int, attn: nn.Module, q: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
+                mask: torch.Tensor | None) -> torch.Tensor:
+        """Attention of the rotated queries q [R, T, H, D] over the cache (this layer's new keys written), then
+        the output projection: [R, T, d]."""
+        R, T = q.shape[:2]
         if mask is None:
             out = paged_decode_attention(q, self.cache.keys[layer_idx], self.cache.values[layer_idx], slots,
                                          positions, attn.scaling, self.sliding_window or 0)  # [R, T, H, D]
@@ -216,6 +238,8 @@ class ModelRunner:
         if self.projections is None:
             return layer.mlp(x)
         proj = self.projections[layer_idx]
+        if self._fused:
+            return proj.down(decode_ops.silu_mul(proj.gate_up(x)))
         gate, up = proj.gate_up.split(proj.gate_up(x))
         return proj.down(proj.act(gate) * up)
 
@@ -246,15 +270,21 @@ class ModelRunner:
         # a few new tokens per row (decode, verify): the kernel reads each slot in place; prefill: torch
         decode = self.paged_attention and T <= DECODE_KERNEL_MAX_TOKENS and kernel_available()
         mask = None if decode else self._attention_mask(positions, int(positions.max()) + 1)
-        for idx, layer in enumerate(inner.layers):
-            h = h + self._attention(idx, layer, layer.input_layernorm(h), slots, positions, rope, mask)
-            h = h + self._mlp(idx, layer, layer.post_attention_layernorm(h))
+        if self._fused is None:
+            # float64 runs are the checks against transformers at float64 precision: they keep torch's ops
+            self._fused = (self.paged_attention and self.dtype != torch.float64 and fusable_layers(self.model)
+                           and extension_available())
+        if self._fused:
+            h, normed = self._fused_layers(h, slots, positions, rope, mask), True
+        else:
+            for idx, layer in enumerate(inner.layers):
+                h = h + self._attention(idx, layer, layer.input_layernorm(h), slots, positions, rope, mask)
+                h = h + self._mlp(idx, layer, layer.post_attention_layernorm(h))
+            normed = False
         if self.cache.features is not None:
-            h = inner.norm(h)  # every position's features, kept beside its keys
+            h = h if normed else inner.norm(h)  # every position's features, kept beside its keys
             self.cache.write_features(slots, positions, h)
             normed = True
-        else:
-            normed = False
         if logits_at == "none":
             return torch.empty(0)
         if logits_at == "last":
@@ -263,6 +293,22 @@ class ModelRunner:
         features = h if normed else inner.norm(h)
         logits = self._lm_head()(features)
         return (logits, features) if return_features else logits
+
+    def _fused_layers(self, h: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
+                      rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None) -> torch.Tensor:
+        """The decoder layers with each residual add fused into the next norm: the embeddings h [R, T, d] in,
+        the final norm's output (the features) out."""
+        inner = self.model.model
+        layers = inner.layers
+        first = layers[0].input_layernorm
+        x = decode_ops.rms_norm(h, first.weight, first.variance_epsilon)
+        for idx, layer in enumerate(layers):
+            post = layer.post_attention_layernorm
+            h, x = decode_ops.add_rms_norm(h, self._attention(idx, layer, x, slots, positions, rope, mask),
+                                           post.weight, post.variance_epsilon)
+            following = layers[idx + 1].input_layernorm if idx + 1 < len(layers) else inner.norm
+            h, x = decode_ops.add_rms_norm(h, self._mlp(idx, layer, x), following.weight, following.variance_epsilon)
+        return x
 
     def features(self, slots: torch.Tensor, start: torch.Tensor, width: int) -> torch.Tensor:
         """Recorded features of positions start[i] .. start[i] + width - 1 of slots[i]: [R, width, d]."""

@@ -28,7 +28,8 @@ logger = logging.getLogger(__name__)
 
 # Bump when the forward's cost structure changes (e.g. a new attention kernel): cached profiles measured
 # with older code then no longer match and are measured again.
-COST_MODEL_VERSION = 3  # 2: bf16/fp16 attention by fp32 batched matmuls; 3: packed linears, paged attention
+COST_MODEL_VERSION = 4  # 2: bf16/fp16 attention by fp32 batched matmuls; 3: packed linears, paged attention;
+# 4: the decoder layers' elementwise ops fused (kernels/decode_ops.py)
 PROFILE_CONTEXT = 256  # committed tokens per row while profiling (a mid-rollout length)
 SHORT_CONTEXT = 128  # the profile's shorter context
 CONTEXT_BUCKET = 256  # the longer context is the rollout's longest, rounded up to a multiple of this

@@ -3,7 +3,6 @@ every query the same way whatever else is in the call (rows, block width)."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from specactor_engine.kernels import paged_attention
+from specactor_engine.kernels import build, paged_attention
 from specactor_engine.kernels.paged_attention import paged_decode_attention, paged_decode_attention_reference
 
 TOLERANCE = {torch.float64: 1e-12, torch.float32: 2e-6, torch.bfloat16: 2e-2}
@@ -41,10 +40,7 @@ def test_a_lock_left_by_a_killed_build_does_not_hang_later_loads():
     process waited on it forever (seen: a Ray drafter actor stuck until the test timed out)."""
     if not paged_attention.kernel_available():
         pytest.skip("the compiled kernel is not built here")
-    from torch.utils.cpp_extension import get_default_build_root
-
-    name = f"specactor_paged_attention_{paged_attention._machine_tag()}"
-    build_dir = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()) / name
+    build_dir = build.build_directory()
     (build_dir / "lock").touch()  # what a killed builder leaves
     probe = "from specactor_engine.kernels.paged_attention import kernel_available; assert kernel_available()"
     subprocess.run([sys.executable, "-c", probe], check=True, timeout=300, cwd=Path(__file__).parents[2])
