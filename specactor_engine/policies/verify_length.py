@@ -195,12 +195,16 @@ class AcceptanceStats:
     prior: float = 0.5  # optimistic start, so speculation gets tried
     accept_through: list[float] = field(default_factory=list)
     observed: list[int] = field(default_factory=list)  # rounds that observed each position
+    long_decay: float = 0.05  # the long-run mean's weight of the newest round (`relax`; 0.05: ~20 rounds)
+    long_run: list[float] = field(default_factory=list)  # per position: the same rate over many more rounds
 
     def __post_init__(self) -> None:
         if not self.accept_through:
             self.accept_through = [self.prior**j for j in range(1, self.max_k + 1)]
         if not self.observed:
             self.observed = [0] * self.max_k
+        if not self.long_run:
+            self.long_run = list(self.accept_through)
 
     def observe(self, verified_with: Sequence[int], accepted: Sequence[int]) -> None:
         """One round: per row, how many drafts it verified and how many of them it accepted.
@@ -216,6 +220,19 @@ class AcceptanceStats:
                 self.observed[j - 1] += 1
                 weight = max(self.decay, 1.0 / self.observed[j - 1])
                 self.accept_through[j - 1] += weight * (rate - self.accept_through[j - 1])
+                weight = max(self.long_decay, 1.0 / self.observed[j - 1])
+                self.long_run[j - 1] += weight * (rate - self.long_run[j - 1])
+
+    def relax(self, share: float) -> None:
+        """Move each observed position's estimate `share` of the way back to its long-run mean: a round in which
+        nothing observed this method. Acceptance comes in stretches (a drafter that accepts 3 of 4 drafts in
+        prose may accept none over a table of digits), so a method dropped after a bad stretch would otherwise be
+        judged by that stretch for as long as it stays out of use: trace D's feature-level drafter accepted 1, 1
+        and 0 of 12 drafts in three rounds, and `specactor` then verified plain rounds and n-gram drafts for 130
+        rounds (83 plain) where the feature drafter had been emitting 8-9 tokens a round before and after."""
+        for j in range(self.max_k):
+            if self.observed[j]:
+                self.accept_through[j] += share * (self.long_run[j] - self.accept_through[j])
 
     def rates(self) -> list[float]:
         """q_j for j = 1..max_k, positions never observed extrapolated from the deepest observed one."""
@@ -291,6 +308,10 @@ class VerifyLengthPolicy:
     # measured (the engine's size-based Drafter.cost_share); a method with none counts as free until measured
     prior_share: dict[str, float] = field(default_factory=dict)
     catch_up_s: list[float] = field(default_factory=list)  # per option of the current `choose`: its catch-up
+    # each round a method's acceptance goes unobserved (no verify, no shadow draft), its statistics move this
+    # share of the way back to their long-run means (`AcceptanceStats.relax`)
+    relax_rate: float = 0.1
+    fresh: set[str] = field(default_factory=set)  # methods observed since the last `choose`
 
     @property
     def max_k(self) -> int:
@@ -431,10 +452,18 @@ class VerifyLengthPolicy:
         and fed their whole context each time), and the first option's weighs in its probe budget."""
         self.catch_up_s = list(catch_up_s) if catch_up_s is not None else []
         self.first_catch_up_s = self.catch_up_s[0] if self.catch_up_s else 0.0
-        def score(k: int) -> float:
-            return self._best_option(rows, k, context, regime, options)[0]
+        self._relax_unobserved()
+        evaluated: dict[int, tuple[float, int]] = {}  # k -> best option: the same call's estimates, computed once
 
-        best = self.best(rows, context, regime, options)
+        def option_at(k: int) -> tuple[float, int]:
+            if k not in evaluated:
+                evaluated[k] = self._best_option(rows, k, context, regime, options)
+            return evaluated[k]
+
+        def score(k: int) -> float:
+            return option_at(k)[0]
+
+        best = max(range(self.max_k + 1), key=lambda k: (score(k), -k))  # `best`, each k evaluated once
         previous = self.current
         if self.current is None:
             self.current = best
@@ -445,9 +474,10 @@ class VerifyLengthPolicy:
             self.probe_interval = self.probe_every if changed else min(2 * self.probe_interval, self.max_probe_every)
             self.probe_from = None
         k = self.current
-        self.option = self._best_option(rows, k, context, regime, options)[1]  # a length probe below keeps it
+        self.option = option_at(k)[1]  # a length probe below keeps it
         if options is not None:
             self.models_in_use = _models_of(options[self.option])
+            evaluated.clear()  # the hysteresis on the methods in use now weighs from the new ones
         target = self._probe_target(k, regime, rows)
         # a new length in force starts its own interval (its first round counts)
         self.rounds_since_probe = 1 if k != previous else 0 if target is None else self.rounds_since_probe + 1
@@ -469,6 +499,16 @@ class VerifyLengthPolicy:
         else:
             self.expected = None
         return k
+
+    def _relax_unobserved(self) -> None:
+        """Per-method acceptance nothing observed last round drifts back toward its long-run mean
+        (`AcceptanceStats.relax`): a method out of use gets tried again once its long-run record says it should,
+        not only when a probe happens to land in a better stretch."""
+        if self.relax_rate > 0.0:
+            for name, stats in self.by_method.items():
+                if name not in self.fresh:
+                    stats.relax(self.relax_rate)
+        self.fresh = set()
 
     def _probe_first_option(self, k: int, first_score: float) -> int:
         """Keep the selector's own assignment (options[0]) measured while another wins: a method that drafts in
@@ -541,6 +581,7 @@ class VerifyLengthPolicy:
         for method in {m for m in methods if m is not None}:
             mine = names == method
             self.method_stats(method).observe(verified[mine], took[mine])
+            self.fresh.add(method)
 
     def observe_round(self, k: int, verified_with: Sequence[int], accepted: Sequence[int], draft_s: float,
                       round_s: float, rows: int, context: int | None = None, regime: str = "",

@@ -544,3 +544,48 @@ def test_an_option_s_catch_up_is_charged_to_its_round():
     assert charged.first_catch_up_s == 0.0  # the first option's, for the probe budget
     caught_up = policy()
     assert caught_up.choose(4, options=[feature, big], catch_up_s=[0.0, 0.0]) > 0 and caught_up.option == 1
+
+
+def test_relaxing_moves_a_stale_estimate_back_to_the_long_run_mean():
+    stats = AcceptanceStats(max_k=2, decay=0.3)
+    for _ in range(30):
+        stats.observe([2] * 4, [2] * 4)  # both drafts accepted, round after round
+    for _ in range(3):
+        stats.observe([2] * 4, [0] * 4)  # then a bad stretch
+    slump = stats.rates()[0]
+    assert slump < 0.4 and stats.long_run[0] > 0.8  # the recent estimate chased it, the long-run mean did not
+    for _ in range(10):
+        stats.relax(0.1)
+    assert stats.rates()[0] == pytest.approx(stats.long_run[0] + (slump - stats.long_run[0]) * 0.9**10)
+    untouched = AcceptanceStats(max_k=2)
+    untouched.relax(0.5)
+    assert untouched.rates() == [0.5, 0.25]  # nothing observed: the prior stays
+
+
+@pytest.mark.parametrize("relax_rate", [0.0, 0.1])
+def test_a_method_dropped_after_a_bad_stretch_is_used_again_once_its_record_says_so(relax_rate):
+    """Trace D: the feature-level drafter accepted 1, 1 and 0 of 12 drafts in three rounds, its recent estimate
+    fell below the n-gram drafter's, and being out of use nothing observed it again: `specactor` ran plain rounds
+    and n-gram drafts for 130 rounds. With its statistics relaxing back toward its long-run mean while it is out of
+    use, it wins the rows back within a few rounds (and is judged afresh by what it then drafts)."""
+    feature, ngram = ["feature"] * 4, ["ngram"] * 4
+    policy = VerifyLengthPolicy(D_FP32, AcceptanceStats(max_k=4), probe_every=0, relax_rate=relax_rate)
+    for _ in range(30):
+        policy.observe_acceptance([4] * 4, [3] * 4, feature)
+        policy.observe_acceptance([4] * 4, [1] * 4, ngram)
+    for _ in range(3):  # the bad stretch
+        policy.observe_acceptance([4] * 4, [0] * 4, feature)
+    chosen = []
+    for _ in range(30):
+        policy.choose(4, options=[feature, ngram])
+        chosen.append(policy.option)
+        if policy.option == 1:
+            policy.observe_acceptance([4] * 4, [1] * 4, ngram)  # what a round drafted with it observes
+        else:
+            policy.observe_acceptance([4] * 4, [3] * 4, feature)
+    assert chosen[0] == 1  # the stretch counts: the n-gram drafter takes over at first
+    if relax_rate:
+        back = chosen.index(0)
+        assert back <= 10 and set(chosen[back:]) == {0}, chosen
+    else:
+        assert set(chosen) == {1}  # without relaxing, the feature drafter never comes back
