@@ -394,13 +394,14 @@ class Proposer:
         a selector)."""
         assert self.shadows is not None and drafts.full_caps is not None
         full = drafts.full_caps
+        slot_of = slots.tolist()
         idle = [row for row in ((drafts.caps == 0) & (full > 0)).nonzero().flatten().tolist()
-                if int(slots[row]) not in self.shadows]
+                if slot_of[row] not in self.shadows]
         if not idle:
             return
-        idle.sort(key=lambda row: (int(slots[row]) < self.shadow_cursor, int(slots[row])))
+        idle.sort(key=lambda row: (slot_of[row] < self.shadow_cursor, slot_of[row]))
         picked = idle[: self.shadow_rows]
-        self.shadow_cursor = int(slots[picked[-1]]) + 1
+        self.shadow_cursor = slot_of[picked[-1]] + 1
         names = [d.name for d in self.shadow_drafters]
         chosen = dict(zip(picked, self.selector.choose(self.state.seq_keys[slots[picked]].tolist(),
                                                        self._row_verify_s(), names))) if self.selector else {}

@@ -52,8 +52,22 @@ class FastestOfNSelector:
         """A method per row (requests: one key per row; verify_s: a row's share of a verify round;
         methods: the ones available this round, default all)."""
         available = list(methods) if methods is not None else list(self.methods)
-        order = list(self.methods)
-        return [max(available, key=lambda m: (self.score(r, m, verify_s), -order.index(m))) for r in requests]
+        rank = {m: -i for i, m in enumerate(self.methods)}  # ties go to the method listed first
+        seconds = {m: max(verify_s + self.cost.get(m, 0.0), 1e-9) for m in available}
+        chosen = []
+        for request in requests:  # `score` inlined: this runs for every row of every round (128 rows: ~1 ms)
+            best, best_key = available[0], (-math.inf, -math.inf)
+            for method in available:
+                arm = self._arm(request, method)
+                if arm.tries == 0 and self.explore > 0:
+                    value = math.inf
+                else:
+                    value = (1 + arm.accepted + self.explore / math.sqrt(1 + arm.tries)) / seconds[method]
+                key = (value, rank[method])
+                if key > best_key:
+                    best, best_key = method, key
+            chosen.append(best)
+        return chosen
 
     def observe(self, requests: Sequence[Hashable], methods: Sequence[str], accepted: Sequence[int]) -> None:
         """Rows' outcomes: the method each row used and how many of its drafts were accepted."""

@@ -7,6 +7,7 @@ One `bench` run (systems hf, ar, coupled with a draft model, oracle, decoupled, 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -236,6 +237,8 @@ def test_profile_step_prints_the_operator_split(tmp_path):
     shares = [float(line.split("|")[2].strip().rstrip("%")) for line in result.output.splitlines()
               if line.startswith("| ") and line.rstrip().endswith("% |") and line.count("|") == 3]
     assert 98 <= sum(shares) <= 102  # the groups cover all operator time
+    wall = re.search(r"unprofiled\) median ([0-9.]+) ms of 2", result.output)
+    assert wall is not None and float(wall.group(1)) > 0, result.output
 
 
 def test_a_trace_with_history_feeds_the_earlier_rollout_to_the_suffix_drafter(tmp_path):
