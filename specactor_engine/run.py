@@ -23,7 +23,7 @@ from specactor_engine.drafters import Drafter
 from specactor_engine.model.heap import release_free_memory
 from specactor_engine.model.runner import ModelRunner
 from specactor_engine.policies.selector import FastestOfNSelector
-from specactor_engine.policies.shadow import ShadowBook
+from specactor_engine.policies.shadow import SPARSE_MARGIN, ShadowBook, shadows_due
 from specactor_engine.policies.verify_length import VerifyLengthPolicy
 from specactor_engine.proposer import Proposer, RoundDrafts
 from specactor_engine.sampling import SamplingParams, scaled_log_softmax, token_logprobs, top_logprobs
@@ -127,6 +127,7 @@ class Run:
         selector = self._selector()
         # combination: target-cache slots past the real ones, one per candidate (verifier.py)
         self.scratch = torch.arange(num_slots, num_slots + min(engine.combine_below, num_slots))
+        self.plain_rounds = 0  # consecutive rounds at k = 0 with speculation far from paying (`_shadows_due`)
         self.proposer = Proposer(self.state, self.params, stats, engine.drafters, self.coordinator, selector,
                                  self._shadow_book(rejection), engine.shadow_rows, rejection, engine.vocab_size,
                                  self._output_of)
@@ -241,7 +242,8 @@ class Run:
         plan = self._schedule(torch.tensor(sorted(self.slot_seq)))  # caps [R] at this round's verify length
         slots = plan.slots
         drafts = self.proposer.propose(slots, plan.caps, plan.full_caps, workers_on=plan.arm != SOLO,
-                                       shadow_idle=self.proposer.shadows is not None and plan.drafting,
+                                       shadow_idle=self.proposer.shadows is not None and plan.drafting
+                                       and self._shadows_due(plan),
                                        chosen=plan.methods)
         if len(self.scratch) and len(slots) <= self.engine.combine_below and drafts.chosen is not None \
                 and self._combination_pays(plan):
@@ -298,6 +300,14 @@ class Run:
                                                 catch_up_s=catch_up_s))
             methods = options[policy.option] if options else None
         return RoundPlan(slots, caps, full_caps, context, arm, drafting, policy, methods)
+
+    def _shadows_due(self, plan: RoundPlan) -> bool:
+        """Shadow-draft idle rows this round (policies/shadow.py `shadows_due`: every round unless plain decoding
+        is in force and speculation is expected far from paying)."""
+        margin = plan.policy.speculation_margin if plan.policy is not None else 1.0
+        far = plan.cap == 0 and margin < SPARSE_MARGIN
+        self.plain_rounds = self.plain_rounds + 1 if far else 0
+        return shadows_due(plan.cap, margin, self.plain_rounds)
 
     def _combination_pays(self, plan: RoundPlan) -> bool:
         """Combination verifies up to one candidate row per row in the same forward: nearly free while the

@@ -311,6 +311,7 @@ class VerifyLengthPolicy:
     # each round a method's acceptance goes unobserved (no verify, no shadow draft), its statistics move this
     # share of the way back to their long-run means (`AcceptanceStats.relax`)
     relax_rate: float = 0.1
+    speculation_margin: float = 1.0  # the last choice's best expected rate at k > 0 over its rate at k = 0
     fresh: set[str] = field(default_factory=set)  # methods observed since the last `choose`
 
     @property
@@ -464,6 +465,7 @@ class VerifyLengthPolicy:
             return option_at(k)[0]
 
         best = max(range(self.max_k + 1), key=lambda k: (score(k), -k))  # `best`, each k evaluated once
+        self.speculation_margin = max(score(k) for k in range(1, self.max_k + 1)) / max(score(0), 1e-9)
         previous = self.current
         if self.current is None:
             self.current = best

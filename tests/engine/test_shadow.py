@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from specactor_engine.drafters import Drafter
-from specactor_engine.policies.shadow import ShadowBook, ShadowDraft, matched_prefix
+from specactor_engine.policies.shadow import (SPARSE_EVERY, SPARSE_MARGIN, ShadowBook, ShadowDraft, matched_prefix,
+                                              shadows_due)
+from specactor_engine.policies.verify_length import AcceptanceStats, CostTable, VerifyLengthPolicy
 from specactor_engine.types import DraftProposal
 from tests.engine.test_exactness import ragged_requests, rollout, run, sampling, token_ids
 from tests.fixtures.tiny_models import make_tiny_model, make_tokenizer
@@ -128,3 +131,18 @@ def test_a_proposal_narrower_than_the_round_is_cut_and_shadowed_exactly():
     assert token_ids(result) == token_ids(plain)
     assert result.stats.shadow_drafts > 0 and result.stats.drafted_tokens > 0
     assert result.stats.accepted_tokens > 0  # the one drafted token is the plain run's own
+
+
+def test_shadows_are_drafted_every_round_unless_plain_decoding_is_far_ahead():
+    assert all(shadows_due(2, 0.1, n) for n in range(1, 9))  # speculating: every round
+    assert all(shadows_due(0, SPARSE_MARGIN, n) for n in range(1, 9))  # speculation within reach: every round
+    far = [shadows_due(0, 0.5, n) for n in range(1, 4 * SPARSE_EVERY + 1)]
+    assert far[0] and sum(far) == 4  # far from paying: the first round, then every SPARSE_EVERY-th
+
+
+def test_the_policy_reports_how_far_speculation_is_from_paying():
+    table = CostTable((4,), (1, 2, 3), ((1.0, 1.9, 2.8),))  # past the ridge: each draft nearly a step
+    hopeless = VerifyLengthPolicy(table, AcceptanceStats(max_k=2, accept_through=[0.1, 0.01]), probe_every=0)
+    assert hopeless.choose(4) == 0 and hopeless.speculation_margin == pytest.approx(1.1 / 1.9)
+    sure = VerifyLengthPolicy(table, AcceptanceStats(max_k=2, accept_through=[1.0, 1.0]), probe_every=0)
+    assert sure.choose(4) == 2 and sure.speculation_margin == pytest.approx(3 / 2.8)
