@@ -67,8 +67,10 @@ def silu_mul_reference(gate_up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-def _compiled(*tensors: torch.Tensor) -> bool:
-    return all(t.device.type == "cpu" for t in tensors) and extension_available()
+def _compiled(x: torch.Tensor) -> bool:
+    """The C++ op serves `x` (and the tensors that go with it: the caches, the weights): a CPU tensor and a
+    built extension. Called for every op of every layer, so no more than that."""
+    return x.device.type == "cpu" and extension_available()
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -87,7 +89,7 @@ def add_rms_norm(h: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
 def rotary_write_kv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, key_cache: torch.Tensor,
                     value_cache: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
                     num_heads: int) -> torch.Tensor:
-    if _compiled(qkv, key_cache):
+    if _compiled(qkv) and key_cache.device.type == "cpu":
         return torch.ops.specactor.rotary_write_kv(qkv, cos, sin, key_cache, value_cache, slots, positions, num_heads)
     return rotary_write_kv_reference(qkv, cos, sin, key_cache, value_cache, slots, positions, num_heads)
 

@@ -54,7 +54,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -439,9 +439,12 @@ class VerifyLengthPolicy:
         return scores[best], best
 
     def best(self, rows: int, context: int | None = None, regime: str = "",
-             options: Sequence[Sequence[str | None]] | None = None) -> int:
-        return max(range(self.max_k + 1),
-                   key=lambda k: (self._best_option(rows, k, context, regime, options)[0], -k))
+             options: Sequence[Sequence[str | None]] | None = None,
+             score: Callable[[int], float] | None = None) -> int:
+        """The k of the highest expected rate (the shortest on a tie); score: k -> that rate, when the caller
+        already has it (`choose` evaluates each k once)."""
+        score = score or (lambda k: self._best_option(rows, k, context, regime, options)[0])
+        return max(range(self.max_k + 1), key=lambda k: (score(k), -k))
 
     def choose(self, rows: int, context: int | None = None, regime: str = "",
                options: Sequence[Sequence[str | None]] | None = None,
@@ -464,7 +467,7 @@ class VerifyLengthPolicy:
         def score(k: int) -> float:
             return option_at(k)[0]
 
-        best = max(range(self.max_k + 1), key=lambda k: (score(k), -k))  # `best`, each k evaluated once
+        best = self.best(rows, context, regime, options, score)
         self.speculation_margin = max(score(k) for k in range(1, self.max_k + 1)) / max(score(0), 1e-9)
         previous = self.current
         if self.current is None:
