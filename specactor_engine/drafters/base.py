@@ -47,7 +47,57 @@ class DrafterContext:
     cache_dir: str | None = None
 
 
-FEED_DECAY = 0.3  # weight of the newest feed in `Drafter.feed_s_per_token`
+@dataclass
+class FeedCost:
+    """Seconds of a draft model's feed (prompt prefill, catch-up) of n tokens, `call_s + token_s x n`, fitted to its
+    feeds by exponentially weighted least squares (`decay`: the newest feed's weight).
+
+    A feed is one forward: a fixed cost per call (the weights stream once, host work) and a cost per token. A rate
+    per token taken from small feeds prices big ones as if each token paid the call: trace D's feature-level
+    drafter fed 1 token in 4.9 ms and 72 in 9 ms, and after a few one-token catch-ups a 400-token catch-up was
+    put at ~1.2 s (its forward takes ~50 ms). Charged to the round that would draft with it, that kept the
+    drafter out for 40-85 rounds, longer the longer it was out. Until two feed sizes differ enough to fit both
+    terms, the cost is proportional to the tokens (the cautious side for a catch-up bigger than the feeds seen).
+    """
+
+    decay: float = 0.1
+    weight: float = 0.0  # total weight of the feeds seen (1 once `1 / decay` feeds were seen)
+    mean_n: float = 0.0  # weighted means of tokens, seconds, tokens^2 and tokens x seconds
+    mean_s: float = 0.0
+    mean_nn: float = 0.0
+    mean_ns: float = 0.0
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        if tokens <= 0:
+            return
+        self.weight += 1.0
+        w = max(self.decay, 1.0 / self.weight)  # the running mean of the first 1/decay feeds, then an EMA
+        n = float(tokens)
+        self.mean_n += w * (n - self.mean_n)
+        self.mean_s += w * (seconds - self.mean_s)
+        self.mean_nn += w * (n * n - self.mean_nn)
+        self.mean_ns += w * (n * seconds - self.mean_ns)
+
+    @property
+    def measured(self) -> bool:
+        return self.weight > 0
+
+    def terms(self) -> tuple[float, float]:
+        """(call_s, token_s), both >= 0."""
+        spread = self.mean_nn - self.mean_n ** 2
+        if spread <= 1e-6 * max(self.mean_nn, 1.0):  # one size seen: proportional
+            return 0.0, self.mean_s / max(self.mean_n, 1e-9)
+        token_s = max((self.mean_ns - self.mean_n * self.mean_s) / spread, 0.0)
+        call_s = self.mean_s - token_s * self.mean_n
+        if call_s < 0.0:  # the line through the origin
+            return 0.0, self.mean_s / max(self.mean_n, 1e-9)
+        return call_s, token_s
+
+    def seconds(self, tokens: int) -> float:
+        if tokens <= 0:
+            return 0.0
+        call_s, token_s = self.terms()
+        return call_s + token_s * tokens
 
 
 class Drafter(ABC):
@@ -61,8 +111,9 @@ class Drafter(ABC):
     # seconds of the last `propose` spent catching up on tokens committed while other methods drafted (a
     # switching cost, kept apart from the steady drafting cost the verify length weighs)
     catch_up_s: float = 0.0
-    # seconds per token of its feeds outside drafting (prompt prefills, catch-ups), an EMA; None until one ran
-    feed_s_per_token: float | None = None
+    # seconds of its feeds outside drafting (prompt prefills, catch-ups) by their tokens, fitted to those it ran
+    # (`FeedCost`; set per instance on the first `observe_feed`)
+    feed: FeedCost | None = None
     # drafts from the target's own hidden states: the engine calls `bind_target` with its target runner
     needs_target: bool = False
     # `add_rows(..., prefill=False)` leaves the prompts to the catch-up of the rows' first drafting call (the
@@ -103,22 +154,22 @@ class Drafter(ABC):
         return torch.zeros(len(slots), dtype=torch.long)
 
     def catch_up_estimate_s(self, state: SequenceState, slots: torch.Tensor, steady: int = 0) -> float:
-        """Seconds the next `propose` for `slots` would spend catching up, at the measured feed rate, else at the
-        prior one (`feed_s_prior`), else 0 (the first call measures it). Trace A: the 0.5B, its prefills deferred
-        and no feed measured, was chosen with a catch-up counted free and fed 32 rows' contexts, ~6 s.
+        """Seconds the next `propose` for `slots` would spend catching up, by the feeds it measured (`feed`), else
+        at the prior rate (`feed_s_prior`), else 0 (the first call measures it). Trace A: the 0.5B, its prefills
+        deferred and no feed measured, was chosen with a catch-up counted free and fed 32 rows' contexts, ~6 s.
         steady: tokens per row a round drafting with it every round feeds anyway (the last round's accepted drafts
         and bonus token: its steady drafting cost holds them), left out; 0 counts everything behind."""
-        rate = self.feed_s_per_token if self.feed_s_per_token is not None else self.feed_s_prior
-        if rate is None:
-            return 0.0
-        return float((self.behind(state, slots) - steady).clamp_min(0).sum()) * rate
+        tokens = int((self.behind(state, slots) - steady).clamp_min(0).sum())
+        if self.feed is not None and self.feed.measured:
+            return self.feed.seconds(tokens)
+        return tokens * self.feed_s_prior if self.feed_s_prior is not None else 0.0
 
     def observe_feed(self, seconds: float, tokens: int) -> None:
-        """Fold one feed of `tokens` tokens that took `seconds` into `feed_s_per_token`."""
-        if tokens <= 0:
-            return
-        rate, old = seconds / tokens, self.feed_s_per_token
-        self.feed_s_per_token = rate if old is None else old + FEED_DECAY * (rate - old)
+        """Fold one feed of `tokens` tokens that took `seconds` into `feed`."""
+        if tokens > 0:
+            if self.feed is None:
+                self.feed = FeedCost()
+            self.feed.observe(tokens, seconds)
 
     def finish_rows(self, state: SequenceState, slots: torch.Tensor) -> None:
         """`slots` finished (state still holds their tokens); the slots may be reused next."""

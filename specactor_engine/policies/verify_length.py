@@ -37,8 +37,10 @@ A pure policy over statistics (no torch, no engine), so it can be unit-tested on
   factor at every width. Each finished round therefore updates an EMA of observed / profiled
   seconds for its width (per `regime`: the engine's thread arrangement, e.g. workers running or
   paused), and every prediction is scaled by it. A width not observed yet borrows the nearest
-  observed width's factor. An additive correction would not do: a profile that overestimates
-  plain rounds would then make every wider round look cheaper than it is.
+  observed width's factor; a width that has not run for a while follows the factors observed since
+  (nearer widths more), so one stray round cannot price a width for the rest of a run. An additive
+  correction would not do: a profile that overestimates plain rounds would then make every wider
+  round look cheaper than it is.
 - The factor also differs with the batch: host work weighs more at one row than at 32, so a
   factor learned in one step's long tail (or a one-row warm-up) misjudges the next step's full
   batch. Factors are therefore kept per batch bucket (the profile's nearest measured batch size,
@@ -312,6 +314,10 @@ class VerifyLengthPolicy:
     # share of the way back to their long-run means (`AcceptanceStats.relax`)
     relax_rate: float = 0.1
     speculation_margin: float = 1.0  # the last choice's best expected rate at k > 0 over its rate at k = 0
+    # a width's calibration not observed for this many rounds follows the widths observed since (`_pull_stale`),
+    # the more the nearer their width
+    stale_rounds: int = 32
+    neighbour_share: float = 0.5
     fresh: set[str] = field(default_factory=set)  # methods observed since the last `choose`
 
     @property
@@ -618,11 +624,28 @@ class VerifyLengthPolicy:
         # clamped: one round disturbed by a collection or a page fault must not swing the estimate
         ratio = min(max((round_s - draft_s) / max(self.cost.cost(rows, k + 1, context), 1e-9), MIN_SCALE), MAX_SCALE)
         key = (regime, self.bucket(rows), k + 1)
-        self.seen_at[key] = len(self.history)
         keyed = self._calibration_regime(regime, methods, rows) if k > 0 else None
         for key in [key] + ([(keyed, key[1], key[2])] if keyed is not None else []):  # pooled, and its methods'
+            self.seen_at[key] = len(self.history)
             previous = self.scale.get(key)
             self.scale[key] = ratio if previous is None else previous + self.decay * (ratio - previous)
+            self._pull_stale(key)
+
+    def _pull_stale(self, observed: tuple[str, int, int]) -> None:
+        """Widths of the same regime and bucket not observed for `stale_rounds` move toward the factor just
+        observed, `decay x neighbour_share^|width difference|` of the way: what a round costs against the profile
+        drifts (the machine's load, the caches, the host work) for every width alike, and a width that stopped
+        running would otherwise keep the factor of whatever round it last ran in. Trace D: width 3 (k = 2) was
+        observed once, in round 38, at 0.745x the profile; widths 1, 4 and 5 ran at 0.55-0.57x all run long, so k = 2
+        looked a third dearer than it was and `specactor` never left k = 3 where the feature drafter alone moved
+        between 2 and 3 with its acceptance."""
+        regime, bucket, width = observed
+        now, factor = len(self.history), self.scale[observed]
+        for other in self.scale:
+            if other[0] == regime and other[1] == bucket and other[2] != width and \
+                    now - self.seen_at.get(other, -1) > self.stale_rounds:
+                share = self.decay * self.neighbour_share ** abs(other[2] - width)
+                self.scale[other] += share * (factor - self.scale[other])
 
 
 def _models_of(option: Sequence[str | None]) -> frozenset[str]:

@@ -13,6 +13,7 @@ import torch
 
 from specactor_engine.config import FeatureDrafterConfig, ModelDrafterConfig, NgramDrafterConfig, SuffixDrafterConfig
 from specactor_engine.drafters import DRAFTER_REGISTRY, Drafter, DraftRequest, DrafterContext, build_drafter
+from specactor_engine.drafters.base import FeedCost
 from specactor_engine.drafters.feature import FeatureDrafter
 from specactor_engine.drafters.model import ModelDrafter
 from specactor_engine.model.runner import ModelRunner
@@ -123,6 +124,38 @@ def test_independent_noise_drafts_come_with_their_distributions(configs, context
         assert bool((drawn > 0).all())  # each draft was drawn from its own distribution
 
 
+def test_a_feed_costs_a_call_and_a_rate_per_token():
+    """Trace D's feature-level drafter: 1 token fed in 4.9 ms, a 72-token prompt in 9 ms. After one-token catch-ups
+    a rate per token priced a 400-token catch-up at over a second; the fitted line prices it at what such a
+    forward costs (call + tokens x rate), from a history of mostly small feeds."""
+    call_s, token_s = 4.5e-3, 6e-5
+    feed = FeedCost()
+    assert not feed.measured
+    for tokens in [72, 1, 1, 2, 72, 1, 1, 1, 1, 2, 1, 1, 1, 1, 1, 1]:
+        feed.observe(tokens, call_s + token_s * tokens)
+    assert feed.terms() == pytest.approx((call_s, token_s), rel=1e-6)
+    assert feed.seconds(400) == pytest.approx(call_s + 400 * token_s)
+    assert feed.seconds(0) == 0.0
+    # one size seen: proportional (cautious for a bigger catch-up), not a guessed call cost
+    same = FeedCost()
+    for _ in range(3):
+        same.observe(8, 0.016)
+    assert same.terms() == pytest.approx((0.0, 0.002))
+    # a fit whose call cost would be negative falls back to the line through the origin
+    steep = FeedCost()
+    steep.observe(10, 0.001)
+    steep.observe(100, 0.1)
+    call, rate = steep.terms()
+    assert call == 0.0 and rate == pytest.approx((0.001 + 0.1) / 110)
+    # newer feeds outweigh older ones (the machine's load changes)
+    drift = FeedCost()
+    for tokens in [1, 50] * 10:
+        drift.observe(tokens, call_s + token_s * tokens)
+    for tokens in [1, 50] * 40:
+        drift.observe(tokens, 2 * (call_s + token_s * tokens))
+    assert drift.seconds(50) == pytest.approx(2 * (call_s + 50 * token_s), rel=0.01)
+
+
 @pytest.mark.parametrize("kind", sorted(BUILT))
 def test_a_draft_model_knows_what_it_would_catch_up_and_at_what_rate(kind: str, configs, context):
     """What the probe budget weighs before a draft model is probed: the committed tokens its cache lacks
@@ -132,25 +165,23 @@ def test_a_draft_model_knows_what_it_would_catch_up_and_at_what_rate(kind: str, 
     slots = torch.arange(len(CAPS))
     _propose(drafter, state, [0] * len(CAPS))  # admitted and prefilled; no row drafted
     if kind not in MODELS:
-        assert drafter.feed_s_per_token is None and int(drafter.behind(state, slots).sum()) == 0
+        assert drafter.feed is None and int(drafter.behind(state, slots).sum()) == 0
         assert drafter.catch_up_estimate_s(state, slots) == 0.0
         return
-    assert drafter.feed_s_per_token is not None and drafter.feed_s_per_token > 0
+    assert drafter.feed is not None and drafter.feed.seconds(1) > 0
     before = drafter.behind(state, slots)
     state.tokens[:, state.lengths[0]: state.lengths[0] + 6] = torch.tensor([5, 6, 7, 5, 6, 7])
     state.lengths += 6  # six more tokens committed while other methods drafted
     assert torch.equal(drafter.behind(state, slots), before + 6)
     drafter.feed_s_prior = 1.0  # measured beats the prior
-    assert drafter.catch_up_estimate_s(state, slots) == pytest.approx(
-        float((before + 6).sum()) * drafter.feed_s_per_token)
+    assert drafter.catch_up_estimate_s(state, slots) == pytest.approx(drafter.feed.seconds(int((before + 6).sum())))
     # what a round drafting every round feeds anyway (steady: max_k + 1 a row) is not a catch-up
-    assert drafter.catch_up_estimate_s(state, slots, steady=6) == pytest.approx(
-        float(before.sum()) * drafter.feed_s_per_token)
+    assert drafter.catch_up_estimate_s(state, slots, steady=6) == pytest.approx(drafter.feed.seconds(int(before.sum())))
     # nothing measured (its prefill deferred): the engine's prior rate, not free (trace A: ~6 s of catch-up
     # counted as nothing)
-    rate, drafter.feed_s_per_token = drafter.feed_s_per_token, None
+    feed, drafter.feed = drafter.feed, None
     assert drafter.catch_up_estimate_s(state, slots) == pytest.approx(float((before + 6).sum()) * 1.0)
-    drafter.feed_s_per_token = rate
+    drafter.feed = feed
     request = DraftRequest(slots, torch.tensor([2] * len(CAPS)), SamplingParams(temperature=1.0))
     drafter.propose(state, request)
     assert drafter.catch_up_s > 0 and int(drafter.behind(state, slots).max()) == 0

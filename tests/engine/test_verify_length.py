@@ -163,6 +163,37 @@ def test_calibration_and_draft_cost_are_learned_from_rounds():
     assert policy.best(2) == 1
 
 
+def test_a_width_not_run_for_a_while_follows_the_widths_observed_since():
+    """Trace D: width 3 (k = 2) was observed once, early, at 0.745x the profile while widths 4 and 5 ran at
+    0.55-0.57x for the rest of the run, so k = 2 looked a third dearer than it was. A width's own factor stands
+    while it is fresh; once stale it moves toward what is observed at other widths, nearer widths faster."""
+    policy = policy_with(linear_table(0.1, 0.0), [0.5, 0.3, 0.1, 0.05], decay=0.2)
+    table = policy.cost
+
+    def run(k: int, factor: float) -> None:
+        policy.history.append(k)  # what `choose` records
+        policy.observe_round(k, [k, k], [0, 0], draft_s=0.0, round_s=factor * table.cost(2, k + 1), rows=2)
+
+    run(2, 0.745)  # width 3, once
+    run(0, 0.56)   # width 1, once
+    for _ in range(policy.stale_rounds - 2):  # width 4 only: the others are still fresh enough to keep their own
+        run(3, 0.56)
+    assert policy.calibration(3, rows=2) == pytest.approx(0.745)
+    assert policy.calibration(1, rows=2) == pytest.approx(0.56)
+    for _ in range(30):
+        run(3, 0.56)
+    assert policy.calibration(3, rows=2) == pytest.approx(0.56, abs=0.01)  # stale: it followed width 4
+    assert policy.calibration(4, rows=2) == pytest.approx(0.56)
+    policy.scale[("", 1, 1)] = 1.0  # a far width moves slower: 0.2 x 0.5^3 a round instead of 0.2 x 0.5
+    policy.scale[("", 1, 3)] = 1.0  # (2 rows: the profile's 1-row bucket)
+    run(3, 0.56)
+    assert 1.0 - policy.calibration(3, rows=2) == pytest.approx(0.1 * 0.44)
+    assert 1.0 - policy.calibration(1, rows=2) == pytest.approx(0.025 * 0.44)
+    run(2, 0.9)  # running again, its own rounds rule it
+    assert policy.calibration(3, rows=2) == pytest.approx(0.956 + 0.2 * (0.9 - 0.956))
+    assert policy.calibration(3, regime="other", rows=2) == 1.0  # other regimes and buckets are left alone
+
+
 def test_per_width_calibration_undoes_a_profile_that_overestimates_plain_rounds():
     """A profile that says plain rounds cost 0.5 s when they take 0.3 s, but gets wider rounds right,
     made wider rounds look relatively cheap; once both widths are observed the policy decodes plainly."""
