@@ -23,7 +23,7 @@ from specactor_engine.drafters import Drafter
 from specactor_engine.model.heap import release_free_memory
 from specactor_engine.model.runner import ModelRunner
 from specactor_engine.policies.selector import FastestOfNSelector
-from specactor_engine.policies.shadow import SPARSE_MARGIN, ShadowBook, shadows_due
+from specactor_engine.policies.shadow import SPARSE_MARGIN, ShadowBook, choice_due, shadows_due
 from specactor_engine.policies.verify_length import VerifyLengthPolicy
 from specactor_engine.proposer import Proposer, RoundDrafts
 from specactor_engine.sampling import SamplingParams, scaled_log_softmax, token_logprobs, top_logprobs
@@ -127,7 +127,9 @@ class Run:
         selector = self._selector()
         # combination: target-cache slots past the real ones, one per candidate (verifier.py)
         self.scratch = torch.arange(num_slots, num_slots + min(engine.combine_below, num_slots))
-        self.plain_rounds = 0  # consecutive rounds at k = 0 with speculation far from paying (`_shadows_due`)
+        # consecutive rounds at k = 0 with speculation far from paying (`_shadows_due`): while there are any, the
+        # verify length and methods are re-chosen only every few rounds (policies/shadow.py `choice_due`)
+        self.plain_rounds = 0
         self.proposer = Proposer(self.state, self.params, stats, engine.drafters, self.coordinator, selector,
                                  self._shadow_book(rejection), engine.shadow_rows, rejection, engine.vocab_size,
                                  self._output_of)
@@ -286,6 +288,8 @@ class Run:
         methods = None
         if not drafting:
             caps = torch.zeros_like(caps)
+        elif policy is not None and not choice_due(self.plain_rounds):  # plain decoding far ahead: kept
+            caps = caps.clamp_max(policy.hold())
         elif policy is not None:
             # shadows keep the deep positions' statistics fresh, but only for the model-free methods
             policy.probe_deep = self.proposer.shadows is None or self.proposer.has_costly_drafter
@@ -299,14 +303,15 @@ class Run:
             caps = caps.clamp_max(policy.choose(len(slots), context, regime=arm or "", options=options,
                                                 catch_up_s=catch_up_s))
             methods = options[policy.option] if options else None
-        return RoundPlan(slots, caps, full_caps, context, arm, drafting, policy, methods)
+        plan = RoundPlan(slots, caps, full_caps, context, arm, drafting, policy, methods)
+        far = policy is not None and plan.cap == 0 and policy.speculation_margin < SPARSE_MARGIN
+        self.plain_rounds = self.plain_rounds + 1 if far else 0
+        return plan
 
     def _shadows_due(self, plan: RoundPlan) -> bool:
         """Shadow-draft idle rows this round (policies/shadow.py `shadows_due`: every round unless plain decoding
         is in force and speculation is expected far from paying)."""
         margin = plan.policy.speculation_margin if plan.policy is not None else 1.0
-        far = plan.cap == 0 and margin < SPARSE_MARGIN
-        self.plain_rounds = self.plain_rounds + 1 if far else 0
         return shadows_due(plan.cap, margin, self.plain_rounds)
 
     def _combination_pays(self, plan: RoundPlan) -> bool:

@@ -511,6 +511,18 @@ class VerifyLengthPolicy:
             self.expected = None
         return k
 
+    def hold(self) -> int:
+        """A round decoded plainly without a new choice (the engine re-chooses only every few rounds while plain
+        decoding is far ahead: policies/shadow.py `choice_due`), recorded as k = 0. It counts toward the probes'
+        intervals as a chosen plain round would, so probes come as many rounds apart; one that falls due runs at
+        the next choice."""
+        self.history.append(0)
+        self.expected, self.probing_first = None, False
+        if self.current == 0 and self.probe_deep:  # `_probe_target`: at k = 0 only max_k is probed
+            self.rounds_since_probe += 1
+        self.rounds_off_first += 1
+        return 0
+
     def _relax_unobserved(self) -> None:
         """Per-method acceptance nothing observed last round drifts back toward its long-run mean
         (`AcceptanceStats.relax`): a method out of use gets tried again once its long-run record says it should,

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from specactor_engine.drafters import Drafter
-from specactor_engine.policies.shadow import (SPARSE_EVERY, SPARSE_MARGIN, ShadowBook, ShadowDraft, matched_prefix,
-                                              shadows_due)
+from specactor_engine.policies.shadow import (SPARSE_EVERY, SPARSE_MARGIN, ShadowBook, ShadowDraft, choice_due,
+                                              matched_prefix, shadows_due)
 from specactor_engine.policies.verify_length import AcceptanceStats, CostTable, VerifyLengthPolicy
 from specactor_engine.types import DraftProposal
 from tests.engine.test_exactness import ragged_requests, rollout, run, sampling, token_ids
@@ -138,6 +138,15 @@ def test_shadows_are_drafted_every_round_unless_plain_decoding_is_far_ahead():
     assert all(shadows_due(0, SPARSE_MARGIN, n) for n in range(1, 9))  # speculation within reach: every round
     far = [shadows_due(0, 0.5, n) for n in range(1, 4 * SPARSE_EVERY + 1)]
     assert far[0] and sum(far) == 4  # far from paying: the first round, then every SPARSE_EVERY-th
+
+
+def test_while_plain_decoding_is_far_ahead_the_choice_is_remade_with_the_shadow_drafts():
+    """choice_due counts the far rounds before this one, shadows_due those including it: the rounds that choose
+    are the rounds that draft shadows, the first far round's choice included."""
+    far_before = range(0, 4 * SPARSE_EVERY)
+    due = [choice_due(n) for n in far_before]
+    assert due[0] and sum(due) == 4
+    assert due == [shadows_due(0, 0.5, n + 1) for n in far_before]
 
 
 def test_the_policy_reports_how_far_speculation_is_from_paying():

@@ -75,6 +75,38 @@ def test_while_decoding_plainly_shadow_drafts_try_every_model_free_method(target
     assert sum(result.stats.shadow_drafts_per_drafter.values()) == result.stats.shadow_drafts >= 8
 
 
+def test_while_plain_decoding_is_far_ahead_the_choice_is_remade_every_few_rounds(target, monkeypatch):  # noqa: F811
+    """Speculation expected far below plain decoding's rate: the verify length and methods are weighed in the first
+    round and then every SPARSE_EVERY-th (with that round's shadow drafts); the rounds between decode plainly and
+    are recorded as k = 0. Outputs stay exact; with speculation within reach every round is chosen."""
+    from specactor_engine.policies.shadow import SPARSE_EVERY, SPARSE_MARGIN
+    from specactor_engine.policies.verify_length import AcceptanceStats, VerifyLengthPolicy
+    from tests.engine.test_dynamic_verify_length import table
+
+    params = sampling(1.0, n=2, max_new_tokens=30)
+    reference = token_ids(run(target, ragged_requests(4), params))
+    drafters = [make_drafter(kind, target, torch.float64) for kind in ("suffix", "ngram")]
+    engine = specactor_engine(target, drafters, cost_table=table(0.0, 0.01), verify_length="dynamic")
+    for margin, every in ((None, SPARSE_EVERY), (SPARSE_MARGIN, 1)):  # far from paying; within reach
+        policy = engine.length_policy = VerifyLengthPolicy(table(0.0, 0.01), AcceptanceStats(max_k=K, prior=0.05),
+                                                           probe_every=0)
+        choices = []
+
+        def choose(*args, _choose=policy.choose, _policy=policy, _margin=margin, **kwargs) -> int:
+            choices.append(1)
+            k = _choose(*args, **kwargs)
+            if _margin is not None:  # speculation reported within reach (the choice itself still k = 0)
+                _policy.speculation_margin = _margin
+            return k
+
+        monkeypatch.setattr(policy, "choose", choose)
+        result = engine.generate(ragged_requests(4), params)
+        assert token_ids(result) == reference
+        rounds = result.stats.verify_rounds
+        assert set(policy.history) == {0} and len(policy.history) == rounds
+        assert len(choices) == -(-rounds // every)
+
+
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_workers_and_in_process_drafters_are_exact(target, noisy_workers, temperature):  # noqa: F811
     params = sampling(temperature, n=2, max_new_tokens=30, ignore_eos=True)

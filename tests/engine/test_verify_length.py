@@ -620,3 +620,19 @@ def test_a_method_dropped_after_a_bad_stretch_is_used_again_once_its_record_says
         assert back <= 10 and set(chosen[back:]) == {0}, chosen
     else:
         assert set(chosen) == {1}  # without relaxing, the feature drafter never comes back
+
+
+def test_rounds_held_at_plain_decoding_count_toward_the_probes():
+    """The engine re-chooses only every few rounds while plain decoding is far ahead (`hold` between): the held
+    rounds are recorded as k = 0 and count toward the probe interval, so a probe that falls due in them runs at the
+    next choice instead of four times as many rounds later."""
+    policy = VerifyLengthPolicy(linear_table(0.0, 0.01), AcceptanceStats(max_k=4, accept_through=[0.1, 0.01, 0.0, 0.0]),
+                                probe_every=4)
+    assert policy.choose(32) == 0
+    for _ in range(3):
+        assert policy.hold() == 0
+    assert policy.history == [0, 0, 0, 0]
+    assert policy.choose(32) == 4  # the probe at max_k, due after 4 rounds at k = 0
+    kept = VerifyLengthPolicy(linear_table(0.0, 0.01), AcceptanceStats(max_k=4, accept_through=[0.1, 0.01, 0.0, 0.0]),
+                              probe_every=4)
+    assert [kept.choose(32) for _ in range(2)] == [0, 0]  # without the held rounds: not due yet
