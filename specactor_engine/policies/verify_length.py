@@ -51,6 +51,7 @@ A pure policy over statistics (no torch, no engine), so it can be unit-tested on
 from __future__ import annotations
 
 import bisect
+import functools
 import json
 import math
 from collections import Counter
@@ -319,6 +320,8 @@ class VerifyLengthPolicy:
     stale_rounds: int = 32
     neighbour_share: float = 0.5
     fresh: set[str] = field(default_factory=set)  # methods observed since the last `choose`
+    # within one `choose` (nothing it evaluates changes meanwhile): calibrations already looked up
+    _memo: dict[tuple[Any, ...], float] | None = field(default=None, repr=False, compare=False)
 
     @property
     def max_k(self) -> int:
@@ -326,12 +329,20 @@ class VerifyLengthPolicy:
 
     def bucket(self, rows: int) -> int:
         """The profile's measured batch size nearest to `rows` (in log scale): calibration is kept per bucket."""
-        return min(self.cost.batch_sizes, key=lambda b: (abs(np.log(b) - np.log(max(rows, 1))), b))
+        return _nearest_bucket(tuple(self.cost.batch_sizes), rows)
 
     def calibration(self, width: int, regime: str = "", rows: int = 1) -> float:
         """Observed / profiled round time at `width` for a batch of `rows` under `regime`. A width not
         observed in this batch bucket borrows the nearest observed width's factor of the bucket (the
         narrower on a tie), then of the nearest bucket; with nothing observed it is 1."""
+        if self._memo is None:
+            return self._calibration(width, regime, rows)
+        key = ("calibration", width, regime, rows)
+        if key not in self._memo:
+            self._memo[key] = self._calibration(width, regime, rows)
+        return self._memo[key]
+
+    def _calibration(self, width: int, regime: str, rows: int) -> float:
         observed = [(b, w) for (r, b, w) in self.scale if r == regime]
         if not observed:
             return 1.0
@@ -381,7 +392,15 @@ class VerifyLengthPolicy:
         if methods is None:
             return rows * self.stats.expected_tokens(k)
         counts = Counter(methods)  # one estimate per method, not per row (rounds of 128 rows weigh 10 options)
-        return sum(n * (1.0 if m is None else self.method_stats(m).expected_tokens(k)) for m, n in counts.items())
+        return sum(n * (1.0 if m is None else self._method_tokens(m, k)) for m, n in counts.items())
+
+    def _method_tokens(self, method: str, k: int) -> float:
+        if self._memo is None:
+            return self.method_stats(method).expected_tokens(k)
+        key = ("tokens", method, k)
+        if key not in self._memo:
+            self._memo[key] = self.method_stats(method).expected_tokens(k)
+        return self._memo[key]
 
     def method_draft_s(self, method: str, rows: int) -> float:
         """Seconds `method` takes to draft one position for a round of `rows` rows: measured, else its prior
@@ -460,6 +479,14 @@ class VerifyLengthPolicy:
         catch_up_s: per option, what its draft models would spend catching up before drafting: charged to the
         option's round (trace D's 0.5B won rounds on a few rows of a mixed assignment by its per-round estimate
         and fed their whole context each time), and the first option's weighs in its probe budget."""
+        self._memo = {}
+        try:
+            return self._choose(rows, context, regime, options, catch_up_s)
+        finally:
+            self._memo = None
+
+    def _choose(self, rows: int, context: int | None, regime: str,
+                options: Sequence[Sequence[str | None]] | None, catch_up_s: Sequence[float] | None) -> int:
         self.catch_up_s = list(catch_up_s) if catch_up_s is not None else []
         self.first_catch_up_s = self.catch_up_s[0] if self.catch_up_s else 0.0
         self._relax_unobserved()
@@ -500,8 +527,8 @@ class VerifyLengthPolicy:
         self.history.append(k)
         if options is not None and len(options) > 1:
             first = [options[0]]
-            k = self._probe_first_option(k, max(self._best_option(rows, j, context, regime, first)[0]
-                                                for j in range(1, self.max_k + 1)))
+            k = self._probe_first_option(k, lambda: max(self._best_option(rows, j, context, regime, first)[0]
+                                                        for j in range(1, self.max_k + 1)))
         chosen = options[self.option] if options else None
         key = self._realised_key(regime, chosen) if k > 0 and not self.probing_first else None
         if key is not None and chosen is not None:
@@ -533,20 +560,21 @@ class VerifyLengthPolicy:
                     stats.relax(self.relax_rate)
         self.fresh = set()
 
-    def _probe_first_option(self, k: int, first_score: float) -> int:
+    def _probe_first_option(self, k: int, first_score: Callable[[], float]) -> int:
         """Keep the selector's own assignment (options[0]) measured while another wins: a method that drafts in
         line with a model is measured only in rounds that draft with it, so once it loses its statistics would
         never change again (session 15's trace D: warm-up statistics kept the draft model out for a whole run).
         Every `probe_every` rounds off it one round runs it at max_k (every position measured: a probe at its
         best length, 1 for a method that lost, would never refresh the deeper ones). The interval doubles (up
-        to `max_probe_every`) after a probe that left its expected rate (`first_score`: its best throughput
-        now) where it was, and starts over after one that raised it. Returns the round's length."""
+        to `max_probe_every`) after a probe that left its expected rate (`first_score()`: its best throughput
+        now, evaluated only where needed) where it was, and starts over after one that raised it. Returns the
+        round's length."""
         self.probing_first = False
         if self.option == 0 and k > 0:  # chosen on its merits (after a probe too): probes start over from probe_every
             self.option_interval, self.rounds_off_first = 0, 0
             return k
         if self.rounds_off_first < 0:  # the round after a probe, and it lost again
-            improved = first_score > (1 + self.hysteresis) * self.first_score_at_probe
+            improved = first_score() > (1 + self.hysteresis) * self.first_score_at_probe
             self.option_interval = 0 if improved else min(2 * (self.option_interval or self.probe_every),
                                                           self.max_probe_every)
             self.rounds_off_first = 0
@@ -554,7 +582,7 @@ class VerifyLengthPolicy:
         if not self.probe_every or self.rounds_off_first < max(self.option_interval or self.probe_every,
                                                                self._probe_budget_rounds()):
             return k
-        self.option, self.rounds_off_first, self.first_score_at_probe = 0, -1, first_score
+        self.option, self.rounds_off_first, self.first_score_at_probe = 0, -1, first_score()
         self.probing_first = True
         self.history[-1] = self.max_k
         return self.max_k
@@ -658,6 +686,11 @@ class VerifyLengthPolicy:
                     now - self.seen_at.get(other, -1) > self.stale_rounds:
                 share = self.decay * self.neighbour_share ** abs(other[2] - width)
                 self.scale[other] += share * (factor - self.scale[other])
+
+
+@functools.lru_cache(maxsize=1024)
+def _nearest_bucket(batch_sizes: tuple[int, ...], rows: int) -> int:
+    return min(batch_sizes, key=lambda b: (abs(math.log(b) - math.log(max(rows, 1))), b))
 
 
 def _models_of(option: Sequence[str | None]) -> frozenset[str]:
