@@ -55,9 +55,10 @@ class FeedCost:
     A feed is one forward: a fixed cost per call (the weights stream once, host work) and a cost per token. A rate
     per token taken from small feeds prices big ones as if each token paid the call: trace D's feature-level
     drafter fed 1 token in 4.9 ms and 72 in 9 ms, and after a few one-token catch-ups a 400-token catch-up was
-    put at ~1.2 s (its forward takes ~50 ms). Charged to the round that would draft with it, that kept the
-    drafter out for 40-85 rounds, longer the longer it was out. Until two feed sizes differ enough to fit both
-    terms, the cost is proportional to the tokens (the cautious side for a catch-up bigger than the feeds seen).
+    put at ~1 s (2-3.4 ms a token; a 168-token catch-up took 39 ms). Charged to the round that would draft with
+    it, that kept the drafter out for 40-85 rounds, longer the longer it was out. Until two feed sizes differ
+    enough to fit both terms, the cost is proportional to the tokens (the cautious side for a catch-up bigger
+    than the feeds seen).
     """
 
     decay: float = 0.1

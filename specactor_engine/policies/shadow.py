@@ -41,9 +41,9 @@ def choice_due(plain_rounds: int) -> bool:
     """Whether this round's verify length and draft methods are chosen anew; plain_rounds: consecutive rounds before
     this one at cap 0 with speculation far from paying (`shadows_due`'s count). While plain decoding is that far
     ahead the choice is re-made every SPARSE_EVERY-th round, the one that drafts shadows, and the rounds between
-    decode plainly: weighing every method's assignments at every length costs ~1 ms a round at 128 rows (trace B:
-    ~0.6 s a run at k = 0 throughout, with shadows ~1 s, the margin by which `specactor` trailed `ar`); the price
-    is reacting up to SPARSE_EVERY - 1 rounds late once speculation starts to pay."""
+    decode plainly: weighing every method's assignments at every length took ~1 ms a round at 128 rows under
+    cProfile (trace B: ~0.6 s a run at k = 0 throughout, with shadows ~1 s; `specactor` trailed `ar` by about that);
+    the price is reacting up to SPARSE_EVERY - 1 rounds late once speculation starts to pay."""
     return plain_rounds % SPARSE_EVERY == 0
 
 
