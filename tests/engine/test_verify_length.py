@@ -515,16 +515,40 @@ def test_a_method_whose_rounds_realise_less_than_expected_is_expected_less():
     assert policy.throughput(4, 3, methods=M) == pytest.approx(policy.throughput(4, 3, methods=F))
     for _ in range(10):  # rounds chosen with m (the only option offered) realise 80% of what was expected of them
         k = policy.choose(4, options=[M])
-        assert k > 0 and policy.expected is not None and policy.expected[0] == "|m"
+        assert k > 0 and policy.expected is not None and policy.expected[0] == "|m@4"
         expected_tps = policy.expected[1]
         emitted = 4 + 4 * 2
         policy.observe_round(k, [k] * 4, [2] * 4, 0.0, emitted / (0.8 * expected_tps), 4, methods=M)
         policy.stats = AcceptanceStats(max_k=4)  # keep the pooled statistics out of it
-    assert policy.realised["|m"] == pytest.approx(0.8, rel=0.05)
+    assert policy.realised["|m@4"] == pytest.approx(0.8, rel=0.05)
     for options, chosen in (([M, F], 1), ([F, M], 0)):
         policy.models_in_use = frozenset()
         policy.choose(4, options=options)
         assert policy.option == chosen
+
+
+def test_what_rounds_of_a_few_rows_realised_does_not_price_a_large_batch():
+    """Trace B: n-gram rounds of the engine's warm-up call (one row) realised 1.8x their estimate, and the policy keeps
+    its statistics across calls; applied at 95 rows, that factor put a k = 1 round ahead of plain decoding, and the
+    round took 0.32 s where plain ones took 0.19 s. The realised factor is kept per batch bucket: the large batch
+    stays priced by its own estimates (plain decoding), the few-row rounds keep their factor."""
+    table = linear_table(0.01, 0.001)  # one row: memory-bound (width 2 costs ~1.1x); 32 rows: width 2 costs ~1.8x
+    rates = [0.3, 0.1, 0.03, 0.01]
+    policy = policy_with(table, rates, cheap_probe_every=0)
+    NG = ["ngram"]
+    for _ in range(10):  # one-row rounds drafted with the n-gram drafter realise 1.8x what was expected of them
+        k = policy.choose(1, options=[NG])
+        assert k > 0 and policy.expected is not None
+        policy.observe_round(k, [k], [0], 0.0, 1 / (1.8 * policy.expected[1]), 1, methods=NG)
+        policy.stats, policy.by_method = AcceptanceStats(max_k=4, accept_through=list(rates)), {}  # acceptance kept
+    assert policy._realised("", NG, 1, 1) == pytest.approx(1.8, rel=0.05)  # kept where observed
+    rows = 32
+    assert policy.bucket(rows) != policy.bucket(1)
+    assert policy._realised("", NG * rows, 1, rows) == 1.0
+    plain, one = policy.throughput(rows, 0), policy.throughput(rows, 1, methods=NG * rows)
+    assert one < plain < 1.8 * one  # the n-gram drafts' 0.3 tokens do not pay a width-2 round's ~1.8x
+    policy.current = 0
+    assert policy.choose(rows, options=[NG * rows]) == 0
 
 
 def test_a_draft_model_not_measured_yet_is_priced_by_its_size():
