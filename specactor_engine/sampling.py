@@ -121,7 +121,8 @@ class SamplingParams:
 def warp_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """Temperature, top-k and top-p applied: [..., V] scores, -inf outside the kept set."""
     scores = logits.float() if logits.dtype in (torch.bfloat16, torch.float16) else logits
-    scores = scores / params.temperature
+    if params.temperature != 1.0:  # x / 1 is x, bit for bit: at T = 1 the pass over [..., V] (and its copy) is skipped
+        scores = scores / params.temperature
     if params.top_k and params.top_k < scores.shape[-1]:
         kth = torch.topk(scores, params.top_k, dim=-1).values[..., -1:]
         scores = scores.masked_fill(scores < kth, float("-inf"))
@@ -185,7 +186,10 @@ FUSED_MIN_VOCAB = 4096  # below this (test vocabularies) the fused kernel's comp
 def scaled_log_softmax(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """log softmax(logits / T) (T = 1 when greedy), in float32 (float64 logits stay float64): [..., V]."""
     scale = temperature if temperature > 0 else 1.0
-    return torch.log_softmax(logits.float() / scale if logits.dtype != torch.float64 else logits / scale, dim=-1)
+    scores = logits.float() if logits.dtype != torch.float64 else logits
+    # x / 1 is x, bit for bit: at T = 1 (RL rollouts' usual setting) the division's pass over [..., V] is skipped
+    # (trace A, 32 rows x width 2 x 151,936: ~9 ms of each round's host work)
+    return torch.log_softmax(scores / scale if scale != 1.0 else scores, dim=-1)
 
 
 def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, temperature: float,
