@@ -1,4 +1,5 @@
-"""Run a benchmark plan: every system, every repeat, interleaved (A B C A B C), one subprocess each.
+"""Run a benchmark plan: every system, every repeat, interleaved and rotated (A B C, B C A, C A B), one subprocess
+each.
 
 Writes into the output directory:
     trace.json             the prompts and settings (reproducible from the trace definition)
@@ -86,6 +87,19 @@ class BenchPlan:
             return tuple(dict.fromkeys(self.systems))
         return tuple(dict.fromkeys((REFERENCE_SYSTEM, *self.systems)))
 
+    def repeat_order(self, repeat: int) -> tuple[str, ...]:
+        """The systems in the order repeat `repeat` runs them: `run_order` rotated by `repeat` places, so no system
+        always runs first or right after the same one (trace B, session 26: the second run of each pair took ~0.6%
+        longer, and `ar` had run first in every repeat); `ar` stays first when another system needs its outputs."""
+        order = self.run_order()
+        pinned = order[:1] if order and order[0] == REFERENCE_SYSTEM and \
+            any(SYSTEMS[parse_system(s)[0]].needs_reference for s in order) else ()
+        rest = order[len(pinned):]
+        if not rest:
+            return order
+        shift = repeat % len(rest)
+        return (*pinned, *rest[shift:], *rest[:shift])
+
     def spec(self, system: str, reference: Path | None, history: Path | None = None) -> RunSpec:
         profile = str(self.out / "runs" / f"{system}.prof") if system in self.profile else None
         base, k = parse_system(system)
@@ -137,7 +151,7 @@ def run_bench(plan: BenchPlan, command: str = "") -> dict[str, Any]:
     history = run_history(plan, runs_dir) if plan.trace.needs_history else None
     for repeat in range(plan.repeats):
         reference: Path | None = None
-        for system in plan.run_order():
+        for system in plan.repeat_order(repeat):
             if system in errors or system in skipped or repeat >= plan.repeats_of(system):
                 continue
             out_json = runs_dir / f"{system}-{repeat}.json"
