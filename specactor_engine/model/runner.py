@@ -11,6 +11,7 @@ Supported families: llama, qwen2, qwen3, mistral (see SUPPORTED_MODEL_TYPES).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from pathlib import Path
 from typing import Callable
@@ -18,6 +19,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from specactor_engine.kernels import decode_ops
 from specactor_engine.kernels.build import extension_available
@@ -42,6 +44,17 @@ HALF_DTYPES = (torch.bfloat16, torch.float16)
 # Up to this many new tokens per row, attention runs in specactor_engine/kernels/paged_attention (no KV gather, one
 # pass over each slot); longer blocks (prefill) go through torch's batched attention.
 DECODE_KERNEL_MAX_TOKENS = 16
+# torch's attention backends for the engine on CUDA: all but cuDNN's. The cuDNN backend (torch's first choice for
+# bf16/fp16 on Hopper) builds an execution plan for every new shape, and the engine's shapes change every round (the
+# key length grows by the accepted tokens, the verify width and the row count vary): on an H200, 15 s of a 24 s first
+# bf16 `ar` run at 4 rows went to it, against 0.6 s once every length had been seen (bench/gpu/h200-2026-11-27-s27).
+CUDA_SDPA_BACKENDS = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
+
+
+def attention_backends(device: torch.device) -> contextlib.AbstractContextManager:
+    """The context torch's scaled_dot_product_attention runs in on `device`: CUDA_SDPA_BACKENDS on CUDA, torch's
+    own choice elsewhere."""
+    return sdpa_kernel(list(CUDA_SDPA_BACKENDS)) if device.type == "cuda" else contextlib.nullcontext()
 
 
 def grouped_attention_fp32(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
@@ -274,13 +287,14 @@ class ModelRunner:
             # float64 runs are the checks against transformers at float64 precision: they keep torch's ops
             self._fused = (self.paged_attention and self.dtype != torch.float64 and fusable_layers(self.model)
                            and extension_available())
-        if self._fused:
-            h, normed = self._fused_layers(h, slots, positions, rope, mask), True
-        else:
-            for idx, layer in enumerate(inner.layers):
-                h = h + self._attention(idx, layer, layer.input_layernorm(h), slots, positions, rope, mask)
-                h = h + self._mlp(idx, layer, layer.post_attention_layernorm(h))
-            normed = False
+        with attention_backends(h.device):  # once per forward: the context costs ~40 us on an H200's host
+            if self._fused:
+                h, normed = self._fused_layers(h, slots, positions, rope, mask), True
+            else:
+                for idx, layer in enumerate(inner.layers):
+                    h = h + self._attention(idx, layer, layer.input_layernorm(h), slots, positions, rope, mask)
+                    h = h + self._mlp(idx, layer, layer.post_attention_layernorm(h))
+                normed = False
         if self.cache.features is not None:
             h = h if normed else inner.norm(h)  # every position's features, kept beside its keys
             self.cache.write_features(slots, positions, h)

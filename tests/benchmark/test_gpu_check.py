@@ -32,3 +32,18 @@ def test_without_cuda_it_says_so_and_succeeds(tmp_path, capsys, monkeypatch):
     assert gpu_check.main(["--out", str(tmp_path / "out")]) == 0
     assert "no CUDA device" in capsys.readouterr().out
     assert not (tmp_path / "out").exists()
+
+
+def test_the_round_profile_alternates_the_dtypes_and_profiles_every_run(tmp_path):
+    from benchmark import gpu_round_profile
+
+    code = gpu_round_profile.main(["--out", str(tmp_path), "--device", "cpu", "--arch", "tiny", "--rows", "2",
+                                   "--runs", "2", "--max-new-tokens", "6", "--dtypes", "float32,bfloat16"])
+    assert code == 0
+    runs = json.loads((tmp_path / "rounds.json").read_text())["runs"]
+    assert [(r["run"], r["dtype"]) for r in runs] == [(0, "float32"), (0, "bfloat16"), (1, "float32"),
+                                                       (1, "bfloat16")]
+    assert all(r["rounds"] == 5 and r["seconds"] > 0 for r in runs)  # the prefill samples the first token
+    for run in runs:
+        profile = (tmp_path / f"profile_{run['dtype']}_run{run['run']}.txt").read_text()
+        assert "runner.py" in profile and "(forward)" in profile

@@ -259,3 +259,18 @@ def test_half_precision_attention_matches_an_fp32_reference(queries):
     full = ModelRunner(model, num_slots=2, max_len=16).forward(tokens, torch.arange(2))
     low = ModelRunner(half, num_slots=2, max_len=16).forward(tokens, torch.arange(2)).float()
     assert (low - full).abs().max() < 0.1 * full.abs().max()
+
+
+def test_on_cuda_torch_attention_runs_without_the_cudnn_backend_and_elsewhere_as_torch_chooses():
+    """cuDNN's attention builds a plan per new shape, and every engine round brings new shapes (runner.py):
+    the context switches it off on CUDA only, and only while the engine's attention runs."""
+    from specactor_engine.model.runner import attention_backends
+
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    with attention_backends(torch.device("cuda", 0)):
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+        assert torch.backends.cuda.flash_sdp_enabled() and torch.backends.cuda.mem_efficient_sdp_enabled()
+        assert torch.backends.cuda.math_sdp_enabled()
+    assert torch.backends.cuda.cudnn_sdp_enabled() == before
+    with attention_backends(torch.device("cpu")):
+        assert torch.backends.cuda.cudnn_sdp_enabled() == before

@@ -149,3 +149,20 @@ def test_the_cost_profile_measures_on_cuda(targets):
     table = measure_verify_costs(ModelRunner(gpu), (1, 4), (1, 2, 3), context=32)
     assert table.batch_sizes == (1, 4) and table.widths == (1, 2, 3)
     assert all(0 < seconds < 1 for row in table.seconds for seconds in row)
+
+
+def test_the_engines_attention_on_cuda_runs_without_the_cudnn_backend(monkeypatch):
+    """cuDNN's attention builds a plan per new shape (runner.CUDA_SDPA_BACKENDS): the engine's attention runs
+    with it switched off, in bf16 too (where torch would otherwise pick it on Hopper)."""
+    from specactor_engine.model import runner as runner_module
+
+    real, seen = runner_module.F.scaled_dot_product_attention, []
+
+    def spy(*args, **kwargs):
+        seen.append(torch.backends.cuda.cudnn_sdp_enabled())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(runner_module.F, "scaled_dot_product_attention", spy)
+    model = make_tiny_model("qwen2", seed=3, num_layers=2, dtype=torch.bfloat16).to(CUDA)
+    _generate(model, "ar")
+    assert seen and not any(seen)
