@@ -271,7 +271,8 @@ class Run:
                                       clock.now() - started - drafts.shadow_s - drafts.candidate_s,
                                       len(slots), plan.context,
                                       regime=plan.arm or "", methods=methods if drafts.chosen else None,
-                                      draft_s_by_method=drafts.steady_draft_s())
+                                      draft_s_by_method=drafts.steady_draft_s(),
+                                      catch_up_s=sum(drafts.catch_up_s_by_drafter.values()))
         if self.phase is not None:
             self.phase.observe(plan.arm, int(outcome.counts.sum()), clock.now() - started)
 

@@ -311,6 +311,13 @@ class VerifyLengthPolicy:
     # measured (the engine's size-based Drafter.cost_share); a method with none counts as free until measured
     prior_share: dict[str, float] = field(default_factory=dict)
     catch_up_s: list[float] = field(default_factory=list)  # per option of the current `choose`: its catch-up
+    # a catch-up is paid once for the stretch of rounds that follows it, so a round is charged this share of it
+    # (`throughput`). Charged whole to one round, it kept a model out for good once it was out: what it would
+    # catch up grows with every round drafted otherwise (trace D, session 27: the feature drafter's, from 7 to
+    # 121 ms over 14 rounds, against rounds of ~150 ms), so its rounds looked dearer the longer it stayed out, and
+    # `specactor` decoded plainly for most of the run (mean k 0.3-0.7, median 113.8 s) where `coupled-feature`,
+    # drafting with it every round, took 94.0 s
+    catch_up_rounds: int = 8
     # each round a method's acceptance goes unobserved (no verify, no shadow draft), its statistics move this
     # share of the way back to their long-run means (`AcceptanceStats.relax`)
     relax_rate: float = 0.1
@@ -426,9 +433,11 @@ class VerifyLengthPolicy:
         """Expected tokens per second of a round verifying k drafts on each of `rows` rows whose
         longest committed context is `context` (drafting=False: without the in-line drafting time,
         as when drafts stream in from concurrent workers; methods: each row's draft method; catch_up_s: what
-        its draft models would first spend feeding what they missed, charged to a round that drafts)."""
+        its draft models would first spend feeding what they missed, a share `1 / catch_up_rounds` of it charged to
+        a round that drafts)."""
+        catch_up = catch_up_s / max(self.catch_up_rounds, 1) if k > 0 else 0.0
         seconds = self.verify_seconds(rows, k, context, regime, methods) + \
-            (self.drafting_seconds(k, methods) + (catch_up_s if k > 0 else 0.0) if drafting else 0.0)
+            (self.drafting_seconds(k, methods) + catch_up if drafting else 0.0)
         return self.expected_tokens(rows, k, methods) / max(seconds, 1e-6) * self._realised(regime, methods, k, rows)
 
     def _realised(self, regime: str, methods: Sequence[str | None] | None, k: int, rows: int) -> float:
@@ -640,14 +649,17 @@ class VerifyLengthPolicy:
     def observe_round(self, k: int, verified_with: Sequence[int], accepted: Sequence[int], draft_s: float,
                       round_s: float, rows: int, context: int | None = None, regime: str = "",
                       methods: Sequence[str | None] | None = None,
-                      draft_s_by_method: Mapping[str, float] | None = None) -> None:
+                      draft_s_by_method: Mapping[str, float] | None = None, catch_up_s: float = 0.0) -> None:
         """Fold in one finished round: its acceptance, its drafting time and how far its other time
         (verify, sampling, host work) was from the profile at its width. methods: each row's draft
-        method; draft_s_by_method: the in-line drafting seconds of each method this round."""
-        if self.expected is not None and k > 0 and round_s > 0:  # realised against expected tokens/s
+        method; draft_s_by_method: the in-line drafting seconds of each method this round, without catching up;
+        catch_up_s: the seconds of draft_s its models spent catching up (charged apart, `catch_up_rounds`: a round
+        that paid one does not count as realising less than expected)."""
+        steady_s = round_s - catch_up_s
+        if self.expected is not None and k > 0 and steady_s > 0:  # realised against expected tokens/s
             key, expected_tps = self.expected
             emitted = len(verified_with) + float(np.sum(accepted))
-            ratio = min(max(emitted / round_s / max(expected_tps, 1e-9), 0.5), 2.0)
+            ratio = min(max(emitted / steady_s / max(expected_tps, 1e-9), 0.5), 2.0)
             old = self.realised.get(key)
             self.realised[key] = ratio if old is None else old + self.decay * (ratio - old)
             self.expected = None

@@ -479,6 +479,45 @@ def test_probes_of_a_costly_first_assignment_keep_within_the_probe_budget():
     assert policy.first_probe_s == 1.0 and policy.round_s == pytest.approx(0.1)
 
 
+def test_a_catch_up_that_grows_while_a_model_is_out_does_not_keep_it_out():
+    """Trace D, session 27: with its catch-up charged whole to one round, the feature drafter's grew with every
+    round it was out (7 to 121 ms over 14 rounds, against ~150 ms rounds) and outweighed what it gains a round,
+    so `specactor` decoded plainly where drafting with it paid. A catch-up is paid once for the stretch after it:
+    a round carries 1 / catch_up_rounds of it, and the model whose steady rounds win comes back."""
+    feature = ["feature"] * 4
+    table = linear_table(0.1, 0.001)
+
+    def policy(catch_up_rounds: int) -> VerifyLengthPolicy:
+        p = policy_with(table, [0.5] * 4, catch_up_rounds=catch_up_rounds)
+        for _ in range(20):  # 1.75 tokens a row at k = 2, drafting 4 ms a position
+            p.observe_round(2, [2] * 4, [1, 1, 0, 1], 0.008, 0.13, 4, methods=feature,
+                            draft_s_by_method={"feature": 0.008})
+        return p
+
+    assert policy(8).choose(4, options=[feature], catch_up_s=[0.0]) > 0  # the premise: its steady rounds win
+    assert policy(8).choose(4, options=[feature], catch_up_s=[0.12]) > 0
+    assert policy(1).choose(4, options=[feature], catch_up_s=[0.12]) == 0  # charged whole to one round: kept out
+
+
+def test_a_round_that_caught_up_does_not_count_as_realising_less_than_expected():
+    """The realised / expected factor of an assignment compares its steady rounds with their estimate: the seconds
+    a round spent catching up are charged apart (`catch_up_rounds`), so the round after a switch does not also
+    lower the factor (the clamp, 0.5, on trace D's rounds that caught up 0.1 s in 0.25 s)."""
+    feature = ["feature"] * 4
+
+    def realised(catch_up_s: float) -> float:
+        p = policy_with(linear_table(0.1, 0.001), [0.75] + [0.0] * 3)
+        k = p.choose(4, options=[feature])
+        assert k > 0 and p.expected is not None
+        steady = 7 / p.expected[1]  # 4 + 3 tokens in exactly the seconds its estimate said
+        p.observe_round(k, [k] * 4, [1, 1, 1, 0], 0.004 * k + catch_up_s, steady + catch_up_s, 4, methods=feature,
+                        draft_s_by_method={"feature": 0.004 * k}, catch_up_s=catch_up_s)
+        return p.realised[p._realised_key("", feature, p.bucket(4))]
+
+    assert realised(0.0) == pytest.approx(1.0)
+    assert realised(0.1) == pytest.approx(1.0)
+
+
 def test_the_first_probe_of_a_costly_assignment_waits_for_its_catch_up_estimate():
     """Trace A: the 0.5B's first round drafted with nothing to catch up, so the probe after it was priced like
     a round, and it caught 30 rows up over 1.8 s. With the catch-up a probe would pay now given, the first
@@ -579,8 +618,9 @@ def test_a_draft_model_not_measured_yet_is_priced_by_its_size():
 
 def test_an_option_s_catch_up_is_charged_to_its_round():
     """Trace D: the 0.5B won single rounds on a few rows of a mixed assignment by its per-round estimate, and each
-    such round first fed those rows' whole context (0.4 s a round). With each option's catch-up given, a model
-    that has fallen behind wins a round only if it is worth that feed too."""
+    such round first fed those rows' whole context. With each option's catch-up given, a model that has fallen
+    behind wins only if it is worth that feed too, spread over the `catch_up_rounds` rounds after it (in session
+    27 the 0.5B's catch-up on trace D was 0.85-1.7 s, its prompts' prefills deferred)."""
     feature, big = ["feature"] * 4, ["big"] * 4
     table = linear_table(0.1, 0.001)
 
@@ -595,7 +635,7 @@ def test_an_option_s_catch_up_is_charged_to_its_round():
     free = policy()
     assert free.choose(4, options=[feature, big]) > 0 and free.option == 1  # the premise: it wins a round
     charged = policy()
-    assert charged.choose(4, options=[feature, big], catch_up_s=[0.0, 0.4]) > 0 and charged.option == 0
+    assert charged.choose(4, options=[feature, big], catch_up_s=[0.0, 2.0]) > 0 and charged.option == 0
     assert charged.first_catch_up_s == 0.0  # the first option's, for the probe budget
     caught_up = policy()
     assert caught_up.choose(4, options=[feature, big], catch_up_s=[0.0, 0.0]) > 0 and caught_up.option == 1
