@@ -7,6 +7,7 @@ import os
 import signal
 
 import pytest
+import torch
 from transformers import AutoModelForCausalLM
 
 from specactor_engine.config import OptimConfig
@@ -18,9 +19,16 @@ pytestmark = pytest.mark.slow
 
 # float32: the ranks sum the gradient in another order than one rank does. The metrics (loss, grad_norm: the
 # gradient's scale) agree to float32 precision; Adam's first steps move a weight by lr * g / (|g| + eps), which
-# amplifies the relative error of near-zero gradient entries: seen 1.8e-6 apart (0.2% of the lr of 1e-3)
+# amplifies the relative error of near-zero gradient entries: seen 1.8e-6 apart (0.2% of the lr of 1e-3) on an
+# Intel Xeon, and on an AMD EPYC (session 27) 2.8e-4 apart on 3-11 of 107,456 entries, every other within 1e-5.
+# So almost every entry agrees within WEIGHT_ATOL, at most WEIGHT_OUTLIERS of them by less than one lr; a reduction
+# that lost or doubled a rank's gradient moves most entries (and the metrics)
+# The second update's metrics and the log-probs after it follow from those few weights: the loss seen 1.2e-5 apart
+# (relative) on the EPYC, the log-probs 2.9e-4 (absolute)
+LR = 1e-3
 WEIGHT_ATOL = 1e-5
-METRIC_RTOL = 1e-5
+WEIGHT_OUTLIERS = 1e-3
+METRIC_RTOL = 1e-4
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +48,7 @@ def policy(tmp_path_factory):
 
 
 def _settings(zero_stage: int, world_size: int) -> OptimConfig:
-    return OptimConfig(lr=1e-3, zero_stage=zero_stage, micro_batch_size=2, world_size=world_size, threads_per_rank=1)
+    return OptimConfig(lr=LR, zero_stage=zero_stage, micro_batch_size=2, world_size=world_size, threads_per_rank=1)
 
 
 def _one_rank(policy, zero_stage: int) -> PolicyTrainer:
@@ -58,8 +66,10 @@ def _assert_weights_close(ranked, single) -> None:
     want = dict(single.state_dict_for_sync())
     got = dict(ranked.state_dict_for_sync())
     assert got.keys() == want.keys()
-    worst = max((got[name] - want[name]).abs().max().item() for name in want)
-    assert worst < WEIGHT_ATOL, worst
+    diffs = torch.cat([(got[name] - want[name]).abs().flatten() for name in want])
+    beyond = float((diffs > WEIGHT_ATOL).float().mean())
+    assert beyond <= WEIGHT_OUTLIERS and diffs.max().item() < LR, (beyond, diffs.max().item())
+    assert diffs.mean().item() < 1e-7
 
 
 def test_rows_are_dealt_longest_first_round_robin():
@@ -84,7 +94,7 @@ def test_two_ranks_make_the_one_rank_update_of_the_global_batch(local_ray, polic
         assert ranked.version == single.version == 2
         got, want = ranked.logprobs(batch), single.logprobs(batch)
         assert [len(row) for row in got] == [len(row) for row in want]
-        assert sum(got, []) == pytest.approx(sum(want, []), abs=1e-4)
+        assert sum(got, []) == pytest.approx(sum(want, []), abs=1e-3)  # EPYC: 2.9e-4 apart, from those weights
     finally:
         ranked.close()
 
