@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
-import json
 import pstats
 import sys
 from pathlib import Path
