@@ -159,13 +159,15 @@ $(DRAFTER_SMOLLM2)/.complete: $(DRAFTER_DATA)/rollouts.jsonl | $(STAMP)
 
 # The feature-level (EAGLE-style) drafter of trace A/D's target, Qwen2.5-Coder-1.5B in fp32: one decoder layer over
 # its last hidden states, trained on the target's own rollouts of 64 reasoning-gym prompts x 2 samples (seed 1000,
-# disjoint from the traces' seed 0), one pass of the target over them for its features, then training budgeted
-# at 20 minutes with a draft vocabulary of at most 32k tokens (docs/architecture.md 11.7). Measured in session 17
-# (2-core Xeon): rollouts 8 min, features 5 min, 643 training steps in the 20 minutes, held-out top-1 agreement
-# 0.78 at the first draft position; the data hold 775 distinct tokens, so that is the head's vocabulary.
+# disjoint from the traces' seed 0), one pass of the target over them for its features, then 640 training steps
+# with a draft vocabulary of at most 32k tokens (docs/architecture.md 11.7). Measured in session 17 (2-core Xeon
+# with AMX): rollouts 8 min, features 5 min, 643 training steps in 20 minutes, held-out top-1 agreement 0.78 at
+# the first draft position; the data hold 775 distinct tokens, so that is the head's vocabulary. The budget is
+# in steps, not minutes: on a 2-core AMD EPYC without AMX (session 27) the features pass took 12.5 min and a
+# 20-minute budget that counted it left 143 steps (agreement 0.735), a different drafter on a slower machine.
 DRAFTER_FEATURE := runs/drafters/qwen1.5b-feature
 DRAFTER_FEATURE_DATA := $(DRAFTER_FEATURE)-data
-drafter-feature: $(DRAFTER_FEATURE)/.complete ## train the 1.5B target's feature-level drafter (~35-45 min; skipped when present)
+drafter-feature: $(DRAFTER_FEATURE)/.complete ## train the 1.5B target's feature-level drafter (~40-60 min; skipped when present)
 
 $(DRAFTER_FEATURE_DATA)/rollouts.jsonl: | $(STAMP)
 	$(BIN)/specactor models pull qwen2.5-coder-1.5b-instruct --dtype float32
@@ -181,7 +183,7 @@ $(DRAFTER_FEATURE_DATA)/rollouts.jsonl: | $(STAMP)
 
 $(DRAFTER_FEATURE)/.complete: $(DRAFTER_FEATURE_DATA)/rollouts.jsonl | $(STAMP)
 	$(BIN)/specactor drafter feature --target qwen2.5-coder-1.5b-instruct --dtype float32 \
-		--data $(DRAFTER_FEATURE_DATA)/rollouts.jsonl --batch-size 4 --lr 3e-4 --steps 2000 --max-minutes 20 \
+		--data $(DRAFTER_FEATURE_DATA)/rollouts.jsonl --batch-size 4 --lr 3e-4 --steps 640 \
 		--out $(DRAFTER_FEATURE)
 	touch $@
 
