@@ -668,7 +668,7 @@ def test_a_method_dropped_after_a_bad_stretch_is_used_again_once_its_record_says
     for _ in range(30):
         policy.observe_acceptance([4] * 4, [3] * 4, feature)
         policy.observe_acceptance([4] * 4, [1] * 4, ngram)
-    for _ in range(3):  # the bad stretch
+    for _ in range(6):  # the bad stretch (6 rounds: a method observed every round moves at the pooled 0.1 a round)
         policy.observe_acceptance([4] * 4, [0] * 4, feature)
     chosen = []
     for _ in range(30):
@@ -700,3 +700,27 @@ def test_rounds_held_at_plain_decoding_count_toward_the_probes():
     kept = VerifyLengthPolicy(linear_table(0.0, 0.01), AcceptanceStats(max_k=4, accept_through=[0.1, 0.01, 0.0, 0.0]),
                               probe_every=4)
     assert [kept.choose(32) for _ in range(2)] == [0, 0]  # without the held rounds: not due yet
+
+
+def test_a_method_s_statistics_follow_at_the_pooled_pace_per_round():
+    """Per-method acceptance moves `1 - (1 - 0.1)^gap` for an observation `gap` rounds after the method's last, at
+    most `method_decay` (0.3): a method drafting every round is as steady as the pooled statistics (trace D, session
+    27: at 0.3 a round, `specactor` with the feature drafter alone chose k = 2 where `coupled-feature`, on the
+    pooled 0.1, chose k = 1 and was faster), one measured only every few rounds still moves on each observation."""
+    policy = VerifyLengthPolicy(D_FP32, AcceptanceStats(max_k=4), probe_every=0)
+    every, sparse = ["feature"] * 4, ["model"] * 4
+    for _ in range(40):  # settled: both accept every draft
+        policy.hold()
+        policy.observe_acceptance([4] * 4, [4] * 4, every)
+        if len(policy.history) % 4 == 0:
+            policy.observe_acceptance([4] * 4, [4] * 4, sparse)
+    policy.hold()
+    policy.observe_acceptance([4] * 4, [0] * 4, every)  # one round rejects everything
+    assert policy.method_stats("feature").rates()[0] == pytest.approx(0.9)
+    for _ in range(3):
+        policy.hold()
+    policy.observe_acceptance([4] * 4, [0] * 4, sparse)  # 4 rounds after its last: 1 - 0.9^4 = 0.34, capped at 0.3
+    assert policy.method_stats("model").rates()[0] == pytest.approx(0.7)
+    policy.hold()
+    policy.observe_acceptance([4] * 4, [4] * 4, every)  # the every-round method missed 3 rounds: weight 0.3 too
+    assert policy.method_stats("feature").rates()[0] == pytest.approx(0.9 + 0.3 * 0.1)
