@@ -203,7 +203,8 @@ class EngineSystem(System):
 
     def prepare(self, requests: Sequence[Request], sampling: SamplingConfig) -> None:
         """The verify-cost profile (measured at the verifier's thread count) and the KV caches belong
-        to start-up, as vLLM sizes its own there: neither is part of the makespan."""
+        to start-up, as vLLM sizes its own there: neither is part of the makespan. The verify-length policy
+        forgets the warm-up's acceptance and keeps its cost measurements."""
         if self.replicated:  # each replica sizes its caches and measures its verify costs on its own threads
             self.engine.reserve(requests, sampling)
             self.engine.warm_up(requests[:1], sampling.model_copy(update={"n": 1, "max_new_tokens": 8}))
@@ -211,6 +212,8 @@ class EngineSystem(System):
         workers = self.engine.workers
         with _torch_threads(workers.verifier_threads if workers is not None else None):
             self.engine.prepare_length_policy(requests, sampling)
+        # the warm-up's 8 tokens of one row are not the trace's acceptance (a fresh engine starts from the prior)
+        self.engine.forget_acceptance()
         self.engine.reserve(requests, sampling)
 
     def set_history(self, requests: Sequence[Request], history: dict[str, list[list[int]]] | None) -> None:

@@ -240,6 +240,12 @@ class Engine:
         if runnable:
             self._ensure_length_policy(min(len(runnable), self.max_batch_size), self._longest(runnable, sampling))
 
+    def forget_acceptance(self) -> None:
+        """The verify-length policy forgets the acceptance it observed (`VerifyLengthPolicy.forget_acceptance`),
+        keeping its cost measurements: after a warm-up call whose few rows say nothing of the next call's."""
+        if self.length_policy is not None:
+            self.length_policy.forget_acceptance()
+
     def _longest(self, sequences: list[SampleRecord], sampling: Any) -> int:
         """The longest context (prompt + output) any of these sequences can reach."""
         return min(self.max_model_len, max(len(s.prompt_ids) for s in sequences) + sampling.max_new_tokens)

@@ -178,6 +178,33 @@ def test_oracle_dynamic_runs_after_ar_and_accepts_every_draft(tmp_path):
     assert stats["drafted_tokens"] > 0 and stats["accepted_tokens"] == stats["drafted_tokens"]
 
 
+def test_the_timed_run_starts_from_the_prior_acceptance_not_the_warm_up_s(tmp_path):
+    """The benchmark's warm-up (8 tokens of one row) feeds the verify-length policy, which persists across calls;
+    `prepare` makes it forget that acceptance (trace D: the feature drafter's statistics after the warm-up were 1.0 at
+    every position; a trace A repeat began with 12 rounds of 3-4 drafts a row at 32 rows), keeping the costs."""
+    from benchmark.systems import write_references
+    from specactor_engine.policies.cost_profile import CostProfile
+
+    target = save_tiny_model(tmp_path / "target", "llama", seed=2)
+    trace = TRACES["quick"].with_overrides(num_prompts=2, samples_per_prompt=2, max_new_tokens=10)
+    requests, sampling = build_requests(trace), sampling_config(trace)
+    ar = build_system(RunSpec(system="ar", trace=trace, target=str(target), drafter=None, dtype="float32"))
+    reference = [{"id": s.request_id, "sample": s.sample_index, "token_ids": s.token_ids}
+                 for s in ar.generate(requests, sampling, FinishClock()).sequences]
+    write_references(tmp_path / "ref.json", trace.seed, reference)
+    oracle = build_system(RunSpec(system="oracle-dynamic", trace=trace, target=str(target), drafter=None,
+                                  dtype="float32", reference_path=str(tmp_path / "ref.json")))
+    oracle.engine.cost_table = CostProfile.from_dict({"batch_sizes": [1, 4], "widths": [1, 2, 3, 4, 5],
+                                                      "seconds": [[1.0] * 5, [1.0] * 5], "context": 0})
+    oracle.generate(requests[:1], sampling.model_copy(update={"n": 1, "max_new_tokens": 8}), FinishClock())
+    policy = oracle.engine.length_policy
+    assert policy is not None and policy.stats.observed[0] > 0 and policy.stats.rates()[0] == 1.0
+    scale = dict(policy.scale)
+    oracle.prepare(requests, sampling)
+    assert oracle.engine.length_policy is policy and policy.stats.observed == [0] * policy.max_k
+    assert policy.stats.rates()[0] == 0.5 and policy.scale == scale
+
+
 def test_repeats_rotate_the_run_order(tmp_path):
     """Each repeat runs the systems rotated by one more place (the second run of a pair was ~0.6% slower on trace B),
     so every system runs first as often; `ar` stays first where an oracle needs its outputs."""

@@ -793,3 +793,22 @@ def test_while_plain_decoding_is_in_force_a_method_expected_close_behind_is_stil
     assert [i for i, (k, _) in enumerate(near) if k] == [0, 8, 16]
     assert {near[i] for i in (0, 8, 16)} == {(1, 1)}
     assert chosen_rounds(0.2) == [(0, 0)] * 24  # k = 1 with it: 0.67 of plain decoding's rate
+
+
+def test_forgetting_acceptance_keeps_what_was_measured_of_costs():
+    """After a warm-up (the benchmark's 8 tokens of one row, its drafts accepted whole) the policy goes back to the prior
+    acceptance, pooled and per method, with no length in force; calibration, drafting seconds and realised factors,
+    measured per batch bucket, stay."""
+    feature = ["feature"] * 4
+    policy = VerifyLengthPolicy(D_FP32, AcceptanceStats(max_k=4), probe_every=0)
+    for _ in range(6):
+        k = policy.choose(4, options=[feature])
+        policy.observe_round(k, [k] * 4, [k] * 4, 0.01 * k, D_FP32.cost(4, k + 1) * 1.5 + 0.01 * k, 4,
+                             methods=feature, draft_s_by_method={"feature": 0.01 * k})
+    assert policy.stats.rates()[0] == 1.0 and policy.method_stats("feature").rates()[0] == 1.0
+    scale, draft_s, realised = dict(policy.scale), dict(policy.draft_s_by_method), dict(policy.realised)
+    assert scale and draft_s and realised
+    policy.forget_acceptance()
+    assert policy.stats.rates() == [0.5, 0.25, 0.125, 0.0625] and policy.by_method == {} and policy.current is None
+    assert policy.method_stats("feature").rates() == [0.5, 0.25, 0.125, 0.0625]
+    assert (policy.scale, policy.draft_s_by_method, policy.realised) == (scale, draft_s, realised)
