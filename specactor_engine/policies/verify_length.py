@@ -547,7 +547,7 @@ class VerifyLengthPolicy:
         self.probe_interval = self.probe_interval or self.probe_every
         cheap = None
         if target is not None and self.probe_every and self.rounds_since_probe >= self.probe_interval and \
-                self.rounds_since_probe >= self._length_probe_rounds(rows, target, context, regime):
+                self.rounds_since_probe >= self._length_probe_rounds(rows, k, target, context, regime):
             self.probe_from, k, self.rounds_since_probe = k, target, 0
         elif (cheap := self._cheap_probe(k, score)) is not None:
             k = cheap
@@ -640,16 +640,18 @@ class VerifyLengthPolicy:
             return 0
         return math.ceil(probe_s / (self.probe_budget * self.round_s))
 
-    def _length_probe_rounds(self, rows: int, target: int, context: int | None, regime: str) -> int:
-        """Rounds since the last length probe before one at `target` is due, so that what a probe costs beyond a
-        round (its expected seconds less `round_s`) stays within `probe_budget` of the rounds' seconds: a deep
-        probe can cost several rounds where verify widths are dear (trace A on the AMD EPYC, session 28: a k = 4
-        round at 32 rows took 1.1-1.8 s against 0.31 s for a plain one, and `specactor` and `coupled-feature` ran
-        4-7 of them a run, 6% behind `ar`). A probe of plain decoding costs nothing extra."""
-        if target == 0 or self.round_s <= 0.0:
+    def _length_probe_rounds(self, rows: int, k: int, target: int, context: int | None, regime: str) -> int:
+        """Rounds at length k since the last length probe before one at `target` is due, so that what a probe
+        costs beyond a round at k (both as the calibrated estimates put them) stays within `probe_budget` of
+        those rounds' time: a deep probe can cost several rounds where verify widths are dear (trace A on the AMD
+        EPYC, session 28: a k = 4 round at 32 rows took 1.1-1.8 s against 0.31 s for a plain one, and `specactor`
+        and `coupled-feature` ran 4-7 of them a run, 6% behind `ar`). A probe of a shorter length costs nothing
+        extra."""
+        if target <= k:
             return 0
+        round_s = self.verify_seconds(rows, k, context, regime) + self.drafting_seconds(k)
         probe_s = self.verify_seconds(rows, target, context, regime) + self.drafting_seconds(target)
-        return math.ceil(max(probe_s - self.round_s, 0.0) / (self.probe_budget * self.round_s))
+        return math.ceil(max(probe_s / max(round_s, 1e-9) - 1.0, 0.0) / self.probe_budget)
 
     def _cheap_probe(self, k: int, score: Callable[[int], float]) -> int | None:
         """The length of a probe that costs little this round, or None. While a shorter length is in force:

@@ -54,7 +54,12 @@ def test_useless_drafts_under_a_compute_bound_cost_fall_back_to_plain_decoding(f
     verifies at the deepest length."""
     engine = dynamic_engine(fp64_target, [make_drafter("ngram", fp64_target, torch.float64)], table(0.0, 0.01),
                             shadow_rows=shadow_rows)
-    result = engine.generate(ragged_requests(8), sampling(1.0, n=2, max_new_tokens=40))
+    params = sampling(1.0, n=2, max_new_tokens=40)
+    engine.prepare_length_policy(ragged_requests(8), params)
+    # deep probes on their regular schedule: under this compute-bound cost the 5% time budget
+    # (`_length_probe_rounds`) would hold them past this short run
+    engine.length_policy.probe_budget = 1.0
+    result = engine.generate(ragged_requests(8), params)
     history = engine.length_policy.history
     probe = engine.length_policy.probe_every
     settled = history[probe:]

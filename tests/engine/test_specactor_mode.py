@@ -220,6 +220,8 @@ def test_under_a_dynamic_length_combination_runs_only_where_extra_rows_are_nearl
     drafters = [make_drafter(kind, target, torch.float64) for kind in ("self", "suffix", "ngram")]
     engine = specactor_engine(target, drafters, cost_table=table(0.05, per_token), verify_length="dynamic",
                               combine_below=16)
+    engine.prepare_length_policy(ragged_requests(3), params)
+    engine.length_policy.probe_budget = 1.0  # a deep probe on its regular schedule (not held by the 5% time budget)
     result = engine.generate(ragged_requests(3), params)
     assert token_ids(result) == reference
     assert result.stats.drafted_tokens > 0 and (len(calls) > 0) == combined, len(calls)

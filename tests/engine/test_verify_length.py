@@ -119,7 +119,7 @@ def test_switches_only_past_the_hysteresis():
 
 def test_probes_max_k_while_plain_decoding_backing_off_while_nothing_changes():
     policy = VerifyLengthPolicy(linear_table(0.3, 0.02), AcceptanceStats(max_k=4, accept_through=[0.0] * 4),
-                                probe_every=4, max_probe_every=16)
+                                probe_every=4, max_probe_every=16, probe_budget=1.0)  # the interval alone binds
     chosen = [policy.choose(32) for _ in range(60)]
     probes = [i + 1 for i, k in enumerate(chosen) if k == 4]
     assert set(chosen) == {0, 4}
@@ -733,14 +733,14 @@ def test_rounds_held_at_plain_decoding_count_toward_the_probes():
     rounds are recorded as k = 0 and count toward the probe interval, so a probe that falls due in them runs at the
     next choice instead of four times as many rounds later."""
     policy = VerifyLengthPolicy(linear_table(0.0, 0.01), AcceptanceStats(max_k=4, accept_through=[0.1, 0.01, 0.0, 0.0]),
-                                probe_every=4)
+                                probe_every=4, probe_budget=1.0)  # the interval alone binds (a k = 4 probe: 4 rounds more)
     assert policy.choose(32) == 0
     for _ in range(3):
         assert policy.hold() == 0
     assert policy.history == [0, 0, 0, 0]
     assert policy.choose(32) == 4  # the probe at max_k, due after 4 rounds at k = 0
     kept = VerifyLengthPolicy(linear_table(0.0, 0.01), AcceptanceStats(max_k=4, accept_through=[0.1, 0.01, 0.0, 0.0]),
-                              probe_every=4)
+                              probe_every=4, probe_budget=1.0)
     assert [kept.choose(32) for _ in range(2)] == [0, 0]  # without the held rounds: not due yet
 
 
