@@ -314,9 +314,9 @@ class VerifyLengthPolicy:
     # regime, method set and batch bucket (`_realised_key`) -> EMA of realised / expected tokens per second of the
     # rounds drafted with it (probes left out): what the per-part estimates still miss
     realised: dict[str, float] = field(default_factory=dict)
-    # keys whose first round was seen and left out: it pays one-time costs (trace D, session 28: the feature drafter's
-    # first 4-row round took 1.09 s against ~0.2 s later, its factor started at the 0.5 floor, and `specactor` drafted
-    # with it in 14 rounds of 669 where `coupled-feature` did in 398 of 400)
+    # keys whose first round was seen and left out: it pays one-time costs (trace D, session 28: in a debug run the
+    # feature drafter's first 4-row round realised 0.655 of its estimate, which put every k below plain decoding; in a
+    # repeat that went plain after that round, `specactor` drafted with it in 14 rounds of 669)
     realised_warmed: set[str] = field(default_factory=set)
     expected: tuple[str, float] | None = None  # the key and expected tokens/s of the round just chosen
     idle_share: float = 0.1  # ... and one out of use that drafts a position in more than this share has its prefill deferred
