@@ -24,7 +24,10 @@ A pure policy over statistics (no torch, no engine), so it can be unit-tested on
   is better by more than the hysteresis. Once every `probe_every` rounds it verifies max_k (so
   the statistics of the deeper positions stay fresh) or 0 (so the calibration below knows what
   plain rounds really cost), whichever ran least recently; a probe that changes nothing doubles
-  the interval (up to `max_probe_every`), since a probe round costs what a deep verify costs.
+  the interval (up to `max_probe_every`), since a probe round costs what a deep verify costs. A probe of a
+  deeper length runs only where that length could pay in a better stretch (each position's conditional acceptance
+  raised `probe_optimism` of the way to 1): at 32 rows on a CPU past its ridge a deep verify is a slow round whatever
+  it reveals.
   Besides, while a shorter length is in force, max_k runs whenever it is expected within `cheap_probe`
   of the current rate and has not run for `cheap_probe_every` rounds: such a round costs little, and
   only running it refreshes the deep positions (trace D: a k = 3 round at the start whose drafts were
@@ -253,12 +256,16 @@ class AcceptanceStats:
             q[j] = q[j - 1] * ratio
         return q
 
-    def expected_tokens(self, k: int) -> float:
-        """E[tokens emitted per row] when verifying k drafts (a prefix chain never gains depth)."""
-        total, best = 1.0, 1.0
+    def expected_tokens(self, k: int, optimism: float = 0.0) -> float:
+        """E[tokens emitted per row] when verifying k drafts (a prefix chain never gains depth). optimism: each
+        position's conditional acceptance (given the drafts before it accepted) raised this share of the way to 1,
+        for a bound on what a stretch better than the estimates could give (`VerifyLengthPolicy.probe_optimism`)."""
+        total, best, lifted = 1.0, 1.0, 1.0
         for q in self.rates()[:k]:
+            conditional = min(q / best, 1.0) if best > 0 else 0.0
             best = min(best, q)
-            total += best
+            lifted *= conditional + optimism * (1.0 - conditional)
+            total += lifted
         return total
 
 
@@ -306,6 +313,11 @@ class VerifyLengthPolicy:
     first_probe_s: float = 0.0  # the seconds of the last probe of the first assignment
     first_catch_up_s: float = 0.0  # the catch-up a probe of the first assignment would pay now (`choose`)
     probing_first: bool = False  # the round just chosen is such a probe
+    # a probe (of a length, or of the first assignment) runs only where some length it covers could beat the length
+    # in force once each position's conditional acceptance is raised this share of the way to 1 (`_probe_may_pay`):
+    # trace D, session 28, the feature drafter's per-draft acceptance over 16-round stretches was 0.52-0.59 at the
+    # median and 0.65-0.78 at the best, about halfway from its mean to 1
+    probe_optimism: float = 0.5
     cheap_probe: float = 0.15  # a probe expected within this share of the current rate is cheap ...
     cheap_probe_every: int = 8  # ... and runs this often at max_k (0: never; docstring)
     # a method drafting one position in more than this share of a width-1 round calibrates its rounds' verify and
@@ -406,20 +418,22 @@ class VerifyLengthPolicy:
             stats = self.by_method[method] = AcceptanceStats(self.max_k, self.method_decay, self.stats.prior)
         return stats
 
-    def expected_tokens(self, rows: int, k: int, methods: Sequence[str | None] | None = None) -> float:
+    def expected_tokens(self, rows: int, k: int, methods: Sequence[str | None] | None = None,
+                        optimism: float = 0.0) -> float:
         """Tokens a round of `rows` rows verifying k drafts is expected to emit; methods: each row's draft
-        method (None: the row drafts nothing), else every row by the pooled statistics."""
+        method (None: the row drafts nothing), else every row by the pooled statistics; optimism:
+        `AcceptanceStats.expected_tokens`."""
         if methods is None:
-            return rows * self.stats.expected_tokens(k)
+            return rows * self.stats.expected_tokens(k, optimism)
         counts = Counter(methods)  # one estimate per method, not per row (rounds of 128 rows weigh 10 options)
-        return sum(n * (1.0 if m is None else self._method_tokens(m, k)) for m, n in counts.items())
+        return sum(n * (1.0 if m is None else self._method_tokens(m, k, optimism)) for m, n in counts.items())
 
-    def _method_tokens(self, method: str, k: int) -> float:
+    def _method_tokens(self, method: str, k: int, optimism: float = 0.0) -> float:
         if self._memo is None:
-            return self.method_stats(method).expected_tokens(k)
-        key = ("tokens", method, k)
+            return self.method_stats(method).expected_tokens(k, optimism)
+        key = ("tokens", method, k, optimism)
         if key not in self._memo:
-            self._memo[key] = self.method_stats(method).expected_tokens(k)
+            self._memo[key] = self.method_stats(method).expected_tokens(k, optimism)
         return self._memo[key]
 
     def method_draft_s(self, method: str, rows: int) -> float:
@@ -442,16 +456,17 @@ class VerifyLengthPolicy:
 
     def throughput(self, rows: int, k: int, context: int | None = None, regime: str = "",
                    drafting: bool = True, methods: Sequence[str | None] | None = None,
-                   catch_up_s: float = 0.0) -> float:
+                   catch_up_s: float = 0.0, optimism: float = 0.0) -> float:
         """Expected tokens per second of a round verifying k drafts on each of `rows` rows whose
         longest committed context is `context` (drafting=False: without the in-line drafting time,
         as when drafts stream in from concurrent workers; methods: each row's draft method; catch_up_s: what
         its draft models would first spend feeding what they missed, a share `1 / catch_up_rounds` of it charged to
-        a round that drafts)."""
+        a round that drafts; optimism: `AcceptanceStats.expected_tokens`)."""
         catch_up = catch_up_s / max(self.catch_up_rounds, 1) if k > 0 else 0.0
         seconds = self.verify_seconds(rows, k, context, regime, methods) + \
             (self.drafting_seconds(k, methods) + catch_up if drafting else 0.0)
-        return self.expected_tokens(rows, k, methods) / max(seconds, 1e-6) * self._realised(regime, methods, k, rows)
+        return self.expected_tokens(rows, k, methods, optimism) / max(seconds, 1e-6) * \
+            self._realised(regime, methods, k, rows)
 
     def _realised(self, regime: str, methods: Sequence[str | None] | None, k: int, rows: int) -> float:
         """The realised / expected throughput factor of rounds of about `rows` rows drafted by this method set (1
@@ -547,7 +562,9 @@ class VerifyLengthPolicy:
         self.probe_interval = self.probe_interval or self.probe_every
         cheap = None
         if target is not None and self.probe_every and self.rounds_since_probe >= self.probe_interval and \
-                self.rounds_since_probe >= self._length_probe_rounds(rows, k, target, context, regime):
+                self.rounds_since_probe >= self._length_probe_rounds(rows, k, target, context, regime) and \
+                (target < k or self._probe_may_pay(rows, range(k + 1, target + 1), score(k), context, regime,
+                                                   options, self.catch_up_s)):
             self.probe_from, k, self.rounds_since_probe = k, target, 0
         elif (cheap := self._cheap_probe(k, score)) is not None:
             k = cheap
@@ -555,9 +572,11 @@ class VerifyLengthPolicy:
             self.option = option_at(k)[1]  # from plain decoding, the assignment best at the probe's length
         self.history.append(k)
         if options is not None and len(options) > 1:
-            first = [options[0]]
+            first, in_force = [options[0]], score(self.current)
             k = self._probe_first_option(k, lambda: max(self._best_option(rows, j, context, regime, first)[0]
-                                                        for j in range(1, self.max_k + 1)))
+                                                        for j in range(1, self.max_k + 1)),
+                                         lambda: self._probe_may_pay(rows, range(1, self.max_k + 1), in_force, context,
+                                                                     regime, first, self.catch_up_s[:1]))
         chosen = options[self.option] if options else None
         key = self._realised_key(regime, chosen, self.bucket(rows)) if k > 0 and not self.probing_first else None
         if key is not None and chosen is not None:
@@ -599,15 +618,15 @@ class VerifyLengthPolicy:
                     stats.relax(self.relax_rate)
         self.fresh = set()
 
-    def _probe_first_option(self, k: int, first_score: Callable[[], float]) -> int:
+    def _probe_first_option(self, k: int, first_score: Callable[[], float], may_pay: Callable[[], bool]) -> int:
         """Keep the selector's own assignment (options[0]) measured while another wins: a method that drafts in
         line with a model is measured only in rounds that draft with it, so once it loses its statistics would
         never change again (session 15's trace D: warm-up statistics kept the draft model out for a whole run).
         Every `probe_every` rounds off it one round runs it at max_k (every position measured: a probe at its
         best length, 1 for a method that lost, would never refresh the deeper ones). The interval doubles (up
         to `max_probe_every`) after a probe that left its expected rate (`first_score()`: its best throughput
-        now, evaluated only where needed) where it was, and starts over after one that raised it. Returns the
-        round's length."""
+        now, evaluated only where needed) where it was, and starts over after one that raised it. A probe that falls
+        due waits while `may_pay()` says it cannot find anything (`_probe_may_pay`). Returns the round's length."""
         self.probing_first = False
         if self.option == 0 and k > 0:  # chosen on its merits (after a probe too): probes start over from probe_every
             self.option_interval, self.rounds_off_first = 0, 0
@@ -619,7 +638,7 @@ class VerifyLengthPolicy:
             self.rounds_off_first = 0
         self.rounds_off_first += 1
         if not self.probe_every or self.rounds_off_first < max(self.option_interval or self.probe_every,
-                                                               self._probe_budget_rounds()):
+                                                               self._probe_budget_rounds()) or not may_pay():
             return k
         self.option, self.rounds_off_first, self.first_score_at_probe = 0, -1, first_score()
         self.probing_first = True
@@ -652,6 +671,19 @@ class VerifyLengthPolicy:
         round_s = self.verify_seconds(rows, k, context, regime) + self.drafting_seconds(k)
         probe_s = self.verify_seconds(rows, target, context, regime) + self.drafting_seconds(target)
         return math.ceil(max(probe_s / max(round_s, 1e-9) - 1.0, 0.0) / self.probe_budget)
+
+    def _probe_may_pay(self, rows: int, lengths: Sequence[int], rate: float, context: int | None, regime: str,
+                       options: Sequence[Sequence[str | None]] | None, catch_up_s: Sequence[float]) -> bool:
+        """Whether a probe could find a round faster than `rate` (the length in force's): some length in `lengths`
+        with some option is, once each draft position's conditional acceptance is raised `probe_optimism` of the
+        way to 1. A probe only pays by what it may reveal; where even that bound is slower than the length in
+        force, it is a slow round and no more (trace A on the AMD EPYC, 32 rows: the feature drafter's best estimate
+        was 0.75x plain decoding's, its bound 0.88x, and each of a run's two k = 4 probes took 2.0-2.2 s against
+        0.31 s for a plain round)."""
+        options = list(options) if options else [None]
+        catch_up = list(catch_up_s) if len(catch_up_s) == len(options) else [0.0] * len(options)
+        return any(self.throughput(rows, j, context, regime, methods=o, catch_up_s=c, optimism=self.probe_optimism)
+                   >= rate for j in lengths for o, c in zip(options, catch_up))
 
     def _cheap_probe(self, k: int, score: Callable[[int], float]) -> int | None:
         """The length of a probe that costs little this round, or None. While a shorter length is in force:

@@ -59,6 +59,9 @@ def test_useless_drafts_under_a_compute_bound_cost_fall_back_to_plain_decoding(f
     # deep probes on their regular schedule: under this compute-bound cost the 5% time budget
     # (`_length_probe_rounds`) would hold them past this short run
     engine.length_policy.probe_budget = 1.0
+    # ... and not held by the gate on what they could reveal (at a cost proportional to tokens even drafts all
+    # accepted would only tie with plain decoding; the gate has its own test in test_verify_length.py)
+    engine.length_policy._probe_may_pay = lambda *args: True
     result = engine.generate(ragged_requests(8), params)
     history = engine.length_policy.history
     probe = engine.length_policy.probe_every

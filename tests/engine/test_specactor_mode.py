@@ -222,6 +222,9 @@ def test_under_a_dynamic_length_combination_runs_only_where_extra_rows_are_nearl
                               combine_below=16)
     engine.prepare_length_policy(ragged_requests(3), params)
     engine.length_policy.probe_budget = 1.0  # a deep probe on its regular schedule (not held by the 5% time budget)
+    # nor by the gate on what it could reveal (under the compute-bound cost drafting with the target itself cannot
+    # pay; the rounds must draft for candidates to be weighed at all; the gate has its own test)
+    engine.length_policy._probe_may_pay = lambda *args: True
     result = engine.generate(ragged_requests(3), params)
     assert token_ids(result) == reference
     assert result.stats.drafted_tokens > 0 and (len(calls) > 0) == combined, len(calls)

@@ -118,8 +118,9 @@ def test_switches_only_past_the_hysteresis():
 
 
 def test_probes_max_k_while_plain_decoding_backing_off_while_nothing_changes():
+    # the interval alone binds: no probe budget, and the probe gate at the all-accepted ceiling (its own test)
     policy = VerifyLengthPolicy(linear_table(0.3, 0.02), AcceptanceStats(max_k=4, accept_through=[0.0] * 4),
-                                probe_every=4, max_probe_every=16, probe_budget=1.0)  # the interval alone binds
+                                probe_every=4, max_probe_every=16, probe_budget=1.0, probe_optimism=1.0)
     chosen = [policy.choose(32) for _ in range(60)]
     probes = [i + 1 for i, k in enumerate(chosen) if k == 4]
     assert set(chosen) == {0, 4}
@@ -237,8 +238,9 @@ def test_a_length_probe_waits_until_what_it_costs_beyond_a_round_is_a_small_shar
     `ar`. A probe is due once its cost beyond a round is within `probe_budget` (5%) of the seconds since the last;
     where widths are cheap the interval is `probe_every` as before."""
     def probes(table: CostTable, rounds: int) -> list[int]:
+        # the probe gate at the all-accepted ceiling: the budget is the subject here
         policy = VerifyLengthPolicy(table, AcceptanceStats(max_k=4, accept_through=[0.1, 0.0, 0.0, 0.0]),
-                                    probe_every=16, cheap_probe_every=0, decay=1.0)
+                                    probe_every=16, cheap_probe_every=0, decay=1.0, probe_optimism=1.0)
         history = []
         for _ in range(rounds):
             k = policy.choose(32)
@@ -251,6 +253,41 @@ def test_a_length_probe_waits_until_what_it_costs_beyond_a_round_is_a_small_shar
     assert probes(dear, 200) == [(79, 4), (159, 4)]
     cheap = linear_table(0.3, 0.0001)  # k = 1 in force, width 5 costs 1.04x width 1: probes of 0 and 4 alternate
     assert probes(cheap, 120) == [(15, 0), (47, 4), (111, 0)]  # 16 rounds, then doubling
+
+
+def test_a_probe_runs_only_where_what_it_could_reveal_may_pay():
+    """Trace A on the AMD EPYC (session 29): at 32 rows the feature drafter's best estimate was 0.75x plain decoding's,
+    and a run still paid two k = 4 probes (2.0-2.2 s each against 0.31 s for a plain round), one of the first
+    assignment and one of the length. A probe runs only where some length it covers beats the length in force once
+    each position's conditional acceptance is raised `probe_optimism` (0.5) of the way to 1: here 0.6 -> 0.8, which at
+    32 rows is still below plain decoding (1.8 tokens a row for twice a plain round's seconds), at 4 rows above."""
+    table = linear_table(0.02, 0.01)  # compute-bound: at 32 rows width 2 costs 1.94x width 1, at 4 rows 1.7x
+    accept = [0.6, 0.36, 0.216, 0.1296]  # conditional 0.6 at every position
+
+    def length_probes(rows: int, **kwargs) -> list[int]:
+        policy = VerifyLengthPolicy(table, AcceptanceStats(max_k=4, accept_through=list(accept)), probe_every=4,
+                                    probe_budget=1.0, cheap_probe_every=0, **kwargs)
+        return [i for i, k in enumerate(policy.choose(rows) for _ in range(40)) if k > 0]
+
+    assert length_probes(32) == []
+    assert length_probes(32, probe_optimism=1.0) != []  # all accepted, k = 1 would beat plain: the gate lets it run
+    assert len(length_probes(4)) >= 3  # plain in force at 4 rows too, but 0.8 a position would pay there
+
+    def first_option_probes(rows: int) -> list[int]:
+        feature, ngram = ["feature"] * rows, ["ngram"] * rows
+        policy = VerifyLengthPolicy(table, AcceptanceStats(max_k=4), probe_every=4, probe_budget=1.0,
+                                    cheap_probe_every=0)
+        policy.by_method["feature"] = AcceptanceStats(max_k=4, accept_through=list(accept), observed=[20] * 4)
+        policy.by_method["ngram"] = AcceptanceStats(max_k=4, accept_through=[0.0] * 4, observed=[20] * 4)
+        probes = []
+        for round_index in range(40):
+            k = policy.choose(rows, options=[feature, ngram])
+            if policy.probing_first:
+                probes.append(round_index)
+        return probes
+
+    assert first_option_probes(32) == []
+    assert len(first_option_probes(4)) >= 2
 
 
 def test_calibration_is_kept_per_batch_bucket_so_a_one_row_warm_up_does_not_mislead_the_full_batch():
@@ -364,8 +401,10 @@ def test_a_losing_draft_model_is_probed_now_and_then_and_wins_back_when_its_draf
     its drafts are accepted (each raising its expected rate, so the next comes as soon again), it wins the
     rounds back. Costs: trace D fp32 with the int8 0.5B's 0.105 s per draft step (coupled-cheap, session 15)."""
     step = 0.105
-    # probe_budget=1: only the intervals here (the rounds in between are not observed; the budget has its own test)
-    policy = VerifyLengthPolicy(D_FP32, AcceptanceStats(max_k=4), probe_every=4, max_probe_every=16, probe_budget=1.0)
+    # probe_budget=1: only the intervals here (the rounds in between are not observed; the budget has its own test);
+    # probe_optimism=1: a model none of whose drafts were accepted is still probed (the gate has its own test)
+    policy = VerifyLengthPolicy(D_FP32, AcceptanceStats(max_k=4), probe_every=4, max_probe_every=16, probe_budget=1.0,
+                                probe_optimism=1.0)
 
     def model_round(k: int, accepted: int) -> None:
         policy.observe_round(k, [k] * 4, [accepted] * 4, k * step, k * step + D_FP32.cost(4, k + 1), 4,
@@ -487,6 +526,7 @@ def test_probes_of_a_costly_first_assignment_keep_within_the_probe_budget():
     the 4-8-16 of the intervals."""
     policy = VerifyLengthPolicy(D_FP32, AcceptanceStats(max_k=4), probe_every=4, max_probe_every=16,
                                 probe_budget=0.05)
+    policy._probe_may_pay = lambda *args: True  # the gate on what a probe could reveal has its own test
     for _ in range(40):  # the free method wins clearly; the model has been measured as hopeless
         policy.observe_acceptance([4] * 4, [2, 2, 2, 2], SUFFIX)
         policy.observe_acceptance([4] * 4, [0, 0, 0, 0], MODEL)
@@ -552,6 +592,7 @@ def test_the_first_probe_of_a_costly_assignment_waits_for_its_catch_up_estimate(
     def first_probe(catch_up_s: float) -> int | None:
         policy = VerifyLengthPolicy(D_FP32, AcceptanceStats(max_k=4), probe_every=4, max_probe_every=16,
                                     probe_budget=0.05)
+        policy._probe_may_pay = lambda *args: True  # the gate on what a probe could reveal has its own test
         for _ in range(40):
             policy.observe_acceptance([4] * 4, [2, 2, 2, 2], SUFFIX)
             policy.observe_acceptance([4] * 4, [0, 0, 0, 0], MODEL)
@@ -732,15 +773,16 @@ def test_rounds_held_at_plain_decoding_count_toward_the_probes():
     """The engine re-chooses only every few rounds while plain decoding is far ahead (`hold` between): the held
     rounds are recorded as k = 0 and count toward the probe interval, so a probe that falls due in them runs at the
     next choice instead of four times as many rounds later."""
+    # the interval alone binds (a k = 4 probe: 4 rounds more; the probe gate at the all-accepted ceiling)
     policy = VerifyLengthPolicy(linear_table(0.0, 0.01), AcceptanceStats(max_k=4, accept_through=[0.1, 0.01, 0.0, 0.0]),
-                                probe_every=4, probe_budget=1.0)  # the interval alone binds (a k = 4 probe: 4 rounds more)
+                                probe_every=4, probe_budget=1.0, probe_optimism=1.0)
     assert policy.choose(32) == 0
     for _ in range(3):
         assert policy.hold() == 0
     assert policy.history == [0, 0, 0, 0]
     assert policy.choose(32) == 4  # the probe at max_k, due after 4 rounds at k = 0
     kept = VerifyLengthPolicy(linear_table(0.0, 0.01), AcceptanceStats(max_k=4, accept_through=[0.1, 0.01, 0.0, 0.0]),
-                              probe_every=4, probe_budget=1.0)
+                              probe_every=4, probe_budget=1.0, probe_optimism=1.0)
     assert [kept.choose(32) for _ in range(2)] == [0, 0]  # without the held rounds: not due yet
 
 
