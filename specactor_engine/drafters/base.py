@@ -113,8 +113,10 @@ class Drafter(ABC):
     # switching cost, kept apart from the steady drafting cost the verify length weighs)
     catch_up_s: float = 0.0
     # seconds of its feeds outside drafting (prompt prefills, catch-ups) by their tokens, fitted to those it ran
-    # (`FeedCost`; set per instance on the first `observe_feed`)
+    # (`FeedCost`; set per instance by `observe_feed`)
     feed: FeedCost | None = None
+    # its first feed was seen and left out of `feed` (it pays one-time costs)
+    feed_warmed: bool = False
     # drafts from the target's own hidden states: the engine calls `bind_target` with its target runner
     needs_target: bool = False
     # `add_rows(..., prefill=False)` leaves the prompts to the catch-up of the rows' first drafting call (the
@@ -166,7 +168,14 @@ class Drafter(ABC):
         return tokens * self.feed_s_prior if self.feed_s_prior is not None else 0.0
 
     def observe_feed(self, seconds: float, tokens: int) -> None:
-        """Fold one feed of `tokens` tokens that took `seconds` into `feed`."""
+        """Fold one feed of `tokens` tokens that took `seconds` into `feed`, but for the first: it pays one-time
+        costs (allocations, kernels' first calls), as a method's first drafting call does (policies/verify_length.py
+        `cost_warmed`). Trace A, session 29: the feature-level drafter's first feed (the benchmark's warm-up prompt)
+        took 325 ms for 82 tokens, its next 219 ms for 495; the line through both fell with the tokens, the fit
+        became a flat 272 ms a feed, and a 2,543-token catch-up that took 974 ms was put at 272 ms."""
+        if tokens > 0 and not self.feed_warmed:
+            self.feed_warmed = True
+            return
         if tokens > 0:
             if self.feed is None:
                 self.feed = FeedCost()
