@@ -1,10 +1,11 @@
 """Where one decode step of the engine spends its time: a torch.profiler table by operator.
 
     python -m benchmark.profile_step --trace A --batch 32 --context 256 --steps 8
+    python -m benchmark.profile_step --trace D --batch 4 --width 3   # a verify of 2 drafts a row
 
 Loads the trace's target like the benchmark does, fills every row's KV cache to `--context`
-tokens, then profiles `--steps` one-token verify forwards (the `ar` decode step) plus the
-seeded sampling, on the benchmark's thread budget. Prints the operators by self CPU time as a
+tokens, then profiles `--steps` verify forwards of `--width` tokens a row (1: the `ar` decode step)
+plus the seeded sampling at every position, on the benchmark's thread budget. Prints the operators by self CPU time as a
 markdown table, and the share of the step in matrix multiplies, attention and everything else.
 """
 
@@ -45,11 +46,13 @@ def main(trace_name: Annotated[str, typer.Option("--trace", help="Whose target a
          batch: Annotated[int, typer.Option("--batch", min=1)] = 32,
          context: Annotated[int, typer.Option("--context", min=1)] = 256,
          steps: Annotated[int, typer.Option("--steps", min=1)] = 8,
+         width: Annotated[int, typer.Option("--width", min=1, help="Tokens a row per forward (1: a decode "
+                                                                    "step; k + 1: a verify of k drafts).")] = 1,
          threads: Annotated[int, typer.Option("--threads", min=1)] = 2,
          top: Annotated[int, typer.Option("--top", min=1)] = 15,
          cpu_kernels: Annotated[bool, typer.Option(help="oneDNN packed linears and the paged attention kernel "
                                                         "(model.cpu_kernels); off: torch's own ops.")] = True) -> None:
-    """Profile the engine's one-token decode step on the trace's target."""
+    """Profile the engine's decode step (or a verify forward of --width tokens a row) on the trace's target."""
     from torch.profiler import ProfilerActivity, profile
 
     from benchmark.interface import RunSpec, load_target
@@ -62,7 +65,7 @@ def main(trace_name: Annotated[str, typer.Option("--trace", help="Whose target a
     loaded, _ = load_target(RunSpec(system="ar", trace=trace, target=target, drafter=None, dtype=dtype,
                                     threads=threads))
     runner = ModelRunner(loaded, packed_linear=cpu_kernels, paged_attention=cpu_kernels)
-    runner.allocate(batch, context + 2 * steps + 2)
+    runner.allocate(batch, context + (2 * steps + 2) * width)
     slots = torch.arange(batch)
     generator = torch.Generator().manual_seed(0)
     prefix = torch.randint(runner.vocab_size, (batch, context), generator=generator)
@@ -71,10 +74,10 @@ def main(trace_name: Annotated[str, typer.Option("--trace", help="Whose target a
     params, keys = SamplingParams(1.0, 0, 1.0), torch.arange(batch)
 
     def step(i: int) -> None:
-        tokens = torch.randint(runner.vocab_size, (batch, 1), generator=generator)
-        logits = runner.forward(tokens, slots)
-        sample_tokens(logits, params, keys, torch.full((batch, 1), context + i))
-        runner.commit(slots, torch.ones(batch, dtype=torch.long))
+        tokens = torch.randint(runner.vocab_size, (batch, width), generator=generator)
+        logits = runner.forward(tokens, slots)  # [batch, width, V]
+        sample_tokens(logits, params, keys, context + i * width + torch.arange(width).expand(batch, width))
+        runner.commit(slots, torch.full((batch,), width))
 
     step(0)  # warm-up
     with profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -90,7 +93,7 @@ def main(trace_name: Annotated[str, typer.Option("--trace", help="Whose target a
     groups: dict[str, float] = {}
     for event in events:
         groups[classify(event.key)] = groups.get(classify(event.key), 0.0) + event.self_cpu_time_total
-    print(f"{target} ({dtype}), batch {batch}, context {context}, {threads} threads: "
+    print(f"{target} ({dtype}), batch {batch}, width {width}, context {context}, {threads} threads: "
           f"{total / steps / 1e3:.1f} ms of operator time per decode step; wall time (forward, sampling and "
           f"the Python around them, unprofiled) median {statistics.median(wall) * 1e3:.1f} ms of {steps}\n")
     print("| group | share |\n|---|---|")

@@ -268,13 +268,16 @@ def test_summary_table_covers_every_system(bench_results):
     assert "| `vllm` | 0 |" in table and "not run" in table
 
 
-def test_profile_step_prints_the_operator_split(tmp_path):
+@pytest.mark.parametrize("width", [1, 3])
+def test_profile_step_prints_the_operator_split(tmp_path, width):
     from benchmark.profile_step import app as profile_app
 
     target = save_tiny_model(tmp_path / "target", "llama", seed=0)
     result = CliRunner().invoke(profile_app, ["--model", str(target), "--dtype", "float32", "--batch", "3",
-                                              "--context", "8", "--steps", "2", "--threads", "1"])
+                                              "--context", "8", "--steps", "2", "--threads", "1",
+                                              "--width", str(width)])
     assert result.exit_code == 0, result.output
+    assert f"batch 3, width {width}, context 8" in result.output
     assert "| matmul (linear layers, lm_head) |" in result.output
     shares = [float(line.split("|")[2].strip().rstrip("%")) for line in result.output.splitlines()
               if line.startswith("| ") and line.rstrip().endswith("% |") and line.count("|") == 3]
