@@ -572,11 +572,12 @@ class VerifyLengthPolicy:
             self.option = option_at(k)[1]  # from plain decoding, the assignment best at the probe's length
         self.history.append(k)
         if options is not None and len(options) > 1:
-            first, in_force = [options[0]], score(self.current)
+            first = [options[0]]
             k = self._probe_first_option(k, lambda: max(self._best_option(rows, j, context, regime, first)[0]
                                                         for j in range(1, self.max_k + 1)),
-                                         lambda: self._probe_may_pay(rows, range(1, self.max_k + 1), in_force, context,
-                                                                     regime, first, self.catch_up_s[:1]))
+                                         lambda: self._probe_may_pay(rows, range(1, self.max_k + 1),
+                                                                     score(self.current), context, regime, first,
+                                                                     self.catch_up_s[:1]))
         chosen = options[self.option] if options else None
         key = self._realised_key(regime, chosen, self.bucket(rows)) if k > 0 and not self.probing_first else None
         if key is not None and chosen is not None:
