@@ -256,7 +256,7 @@ def test_a_length_probe_waits_until_what_it_costs_beyond_a_round_is_a_small_shar
 
 
 def test_a_probe_runs_only_where_what_it_could_reveal_may_pay():
-    """Trace A on the AMD EPYC (session 29): at 32 rows the feature drafter's best estimate was 0.75x plain decoding's,
+    """Trace A on the AMD EPYC (session 29): at 32 rows the feature drafter's best estimate was 0.82x plain decoding's,
     and a run still paid two k = 4 probes (2.0-2.2 s each against 0.31 s for a plain round), one of the first
     assignment and one of the length. A probe runs only where some length it covers beats the length in force once
     each position's conditional acceptance is raised `probe_optimism` (0.5) of the way to 1: here 0.6 -> 0.8, which at
