@@ -180,16 +180,19 @@ def distill_features(model: FeatureDraftModel, target: nn.Module, pairs: Sequenc
             "feature_distill_seconds": time.perf_counter() - started}
 
 
-def load_or_compute_features(out: Path, target: nn.Module, pairs: Sequence[Pair], batch_size: int = 4,
-                             on_batch: Callable[[int], None] | None = None) -> list[torch.Tensor]:
-    """`target_features` of `pairs`, cached in out/target_features.pt (recomputed if it does not match)."""
+def load_or_compute_features(out: Path, target: nn.Module | Callable[[], nn.Module], pairs: Sequence[Pair],
+                             batch_size: int = 4, on_batch: Callable[[int], None] | None = None
+                             ) -> list[torch.Tensor]:
+    """`target_features` of `pairs`, cached in out/target_features.pt (recomputed if it does not match).
+    target: the model, or a function that loads it (called only when the cache does not serve)."""
     path = out / FEATURES_FILE
     if path.exists():
         cached = torch.load(path, weights_only=True)
         if len(cached) == len(pairs) and all(len(f) == len(p) + len(o) for f, (p, o) in zip(cached, pairs)):
             return cached
         logger.warning("%s does not match the samples; recomputing", path)
-    features = target_features(target, pairs, batch_size, on_batch)
+    model = target if isinstance(target, nn.Module) else target()
+    features = target_features(model, pairs, batch_size, on_batch)
     out.mkdir(parents=True, exist_ok=True)
     torch.save(features, path)
     return features

@@ -10,6 +10,7 @@ features once (cached in the output directory); train within the step and time b
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from dataclasses import dataclass
@@ -51,6 +52,9 @@ class FeatureJob:
     draft_vocab: int = 32768  # 0: the full vocabulary
     feature_weight: float = 1.0
     noise: float = 0.1
+    # the target's dtype for the features' pass (None: `dtype`): the drafter then reads, while training, features
+    # as a target served in it computes them; bfloat16 also runs the pass faster on a CPU with bf16 units
+    feature_dtype: Dtype | None = None
 
 
 @dataclass(frozen=True)
@@ -76,7 +80,8 @@ def run_feature_distill(job: FeatureJob, reporter: Reporter | None = None) -> Fe
     train, held = [p for i, p in enumerate(pairs) if i % 10], [p for i, p in enumerate(pairs) if not i % 10]
     vocab = _draft_vocab(job, target, tokenizer, train, reporter)
     with reporter.phase("target features", len(pairs)) as progress:
-        features = load_or_compute_features(job.out, target, pairs, on_batch=lambda done: progress(done))
+        features = load_or_compute_features(job.out, lambda: _feature_target(job, target), pairs,
+                                            on_batch=lambda done: progress(done))
     train_f = [f for i, f in enumerate(features) if i % 10]
     held_f = [f for i, f in enumerate(features) if not i % 10]
     model, distiller = _model_and_trainer(job, target, vocab, reporter)
@@ -98,6 +103,13 @@ def run_feature_distill(job: FeatureJob, reporter: Reporter | None = None) -> Fe
                                   "draft_vocab": len(vocab) if vocab is not None else None})
     return FeatureResult(distiller.steps, distiller.steps - resumed_at, time.monotonic() - started,
                          history[0]["loss"] if history else None, history[-1]["loss"] if history else None, top1)
+
+
+def _feature_target(job: FeatureJob, target: nn.Module) -> nn.Module:
+    """The target that computes the features: the training one, or a copy in `feature_dtype`."""
+    if job.feature_dtype is None or job.feature_dtype == job.dtype:
+        return target
+    return load_target(dataclasses.replace(job, dtype=job.feature_dtype))[0]
 
 
 def held_out_top1(distiller: FeatureDistiller, pairs: list[Pair], features: list[torch.Tensor]) -> float | None:

@@ -15,8 +15,8 @@ from specactor_engine.drafters.feature import FeatureDrafter
 from specactor_engine.engine import Engine
 from specactor_engine.model.feature_draft import FeatureDraftModel
 from specactor_engine.model.runner import load_hf_model
-from specactor_engine.training.feature_distill import (FeatureDistillBudget, FeatureDistiller, distill_features,
-                                                       target_features)
+from specactor_engine.training.feature_distill import (FEATURES_FILE, FeatureDistillBudget, FeatureDistiller,
+                                                       distill_features, target_features)
 from specactor_engine.training.feature_job import FeatureJob, run_feature_distill
 from specactor_engine.training.samples import DistillDataError
 from tests.engine.test_exactness import MAX_LEN, ragged_requests, rollout, run, sampling, token_ids
@@ -99,6 +99,23 @@ def test_a_job_trains_saves_resumes_and_its_drafter_drafts_exactly(tmp_path: Pat
     params = sampling(1.0, n=2, max_new_tokens=20)
     assert token_ids(engine.generate(ragged_requests(4), params)) == token_ids(run(target, ragged_requests(4), params))
     assert drafter.vocab is not None and not drafter.grows and len(drafter.vocab) == report["draft_vocab"]
+
+
+def test_a_job_computes_its_features_with_the_target_in_the_feature_dtype(tmp_path: Path):
+    target_dir = save_tiny_model(tmp_path / "target", "qwen2", seed=2, num_layers=2)
+    target = load_hf_model(target_dir, "float32")
+    pairs = target_samples(target, count=4, tokens=12)
+    records = _records(tmp_path / "rollouts.jsonl", pairs)
+    out = tmp_path / "feature"
+    run_feature_distill(FeatureJob(target=str(target_dir), data=records, out=out, steps=1, draft_vocab=128,
+                                   feature_dtype="bfloat16"))
+    cached = torch.load(out / FEATURES_FILE, weights_only=True)
+    in_bf16 = target_features(load_hf_model(target_dir, "bfloat16"), pairs)
+    in_fp32 = target_features(target, pairs)
+    assert all(torch.equal(c, b) for c, b in zip(cached, in_bf16))
+    assert not all(torch.equal(c, f) for c, f in zip(cached, in_fp32))
+    model = FeatureDraftModel.load(out, target)  # the drafter trains (and is saved) in --dtype
+    assert all(p.dtype == torch.float32 for p in model.parameters())
 
 
 def test_a_job_names_bad_data(tmp_path: Path):
