@@ -213,18 +213,20 @@ def _generate_with(engine: Engine | ReplicaPool, cfg: SpecActorConfig, requests:
 
 
 class _LineProgress:
-    """A rollout's progress as plain lines, where a progress bar would print nothing until the end."""
+    """Long work's progress as plain lines, one at every tenth of it, where a progress bar would print nothing until
+    the end (a log file or a pipe: make, CI, nohup)."""
 
-    def __init__(self, console: Console) -> None:
-        self.console = console
+    def __init__(self, console: Console, label: str = "rollout", unit: str = " sequences finished") -> None:
+        self.console, self.label, self.unit = console, label, unit
         self.started = time.perf_counter()
-        self.shown = 0  # sequences finished at the last line
+        self.shown = 0  # done at the last line
 
-    def __call__(self, done: int, total: int) -> None:
+    def __call__(self, done: int, total: int, loss: float | None = None) -> None:
         if done > self.shown and (done == total or done - self.shown >= max(1, total // 10)):
             self.shown = done
-            self.console.print(f"rollout: {done}/{total} sequences finished, {time.perf_counter() - self.started:.0f} s",
-                               highlight=False)
+            tail = "" if loss is None else f", loss {loss:.3f}"
+            self.console.print(f"{self.label}: {done}/{total}{self.unit}, {time.perf_counter() - self.started:.0f} s"
+                               f"{tail}", highlight=False)
 
 
 def _print_summary(result: RolloutResult, out: Path) -> None:
@@ -476,6 +478,10 @@ class _ConsoleReporter:
 
     @contextlib.contextmanager
     def phase(self, name: str, total: int) -> Iterator[PhaseProgress]:
+        if not console.is_terminal:  # a log file or a pipe: lines (a 60-minute training run logged nothing until its end)
+            lines = _LineProgress(console, name, "")
+            yield lambda done, loss=None: lines(done, total, loss)
+            return
         with _progress() as progress:
             task = progress.add_task(name, total=total, loss=float("nan"))
 

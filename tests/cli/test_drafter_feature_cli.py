@@ -32,6 +32,8 @@ def test_from_prompts_then_resume(tmp_path: Path):
     assert (out / WEIGHTS_FILE).is_file() and (out / FEATURES_FILE).is_file() and (out / "draft_vocab.json").is_file()
     assert len((out / "target_samples.jsonl").read_text().splitlines()) == 12  # 6 prompts x 2 samples
     assert "held-out top-1 agreement" in " ".join(first.output.split())
+    # not a terminal: each phase's progress as lines, not a bar that prints nothing until the end
+    assert "target features: 12/12," in first.output and "training: 2/2, " in first.output and "loss " in first.output
     second = runner.invoke(app, feature_args(target, prompts, out, "--steps", "4"))
     assert second.exit_code == 0, second.output
     text = " ".join(second.output.split())
