@@ -19,6 +19,7 @@ from specactor_engine.drafters.model import ModelDrafter
 from specactor_engine.drafters.ngram import NgramDrafter
 from specactor_engine.drafters.suffix import SuffixDrafter
 from specactor_engine.engine import Engine
+from specactor_engine.run import Run
 from specactor_engine.types import Request
 from tests.fixtures.tiny_models import EOS_ID, make_tiny_model, make_tokenizer
 
@@ -128,6 +129,38 @@ def test_seeded_sampling_ignores_batch_composition(fp64_target):
     assert shuffled == full
     assert subset == {key: full[key] for key in subset}
     assert small == full
+
+
+@pytest.mark.parametrize("mode, kind", [("ar", None), ("coupled", "ngram"), ("coupled", "model")])
+def test_a_sample_admitted_beside_a_decoding_sibling_reuses_its_prompt(fp64_target, monkeypatch, mode, kind):
+    """Rows that stop early free slots one at a time, so a request's samples are admitted piecemeal; a sample
+    whose sibling is still decoding copies its prompt KV and takes the prompt's kept logits: no second prefill,
+    and the same tokens as when every sample is admitted at once."""
+    requests = ragged_requests(3, seed=4)
+    params = sampling(1.0, n=4, seed=5, max_new_tokens=30, stop_token_ids=list(range(40)))  # ~15% stop a token
+    drafters = [make_drafter(kind, fp64_target, torch.float64, 16)] if kind else []
+    at_once = token_ids(run(fp64_target, requests, params, mode, drafters, k=2))
+    prefilled, needed, without_reuse = [], [], []
+    admit, prefill = Run._admit, Run._prefill
+
+    def counting_admit(self, batch):
+        live = {id(seq.request) for seq in self.slot_seq.values()}
+        distinct = {id(seq.request) for seq in batch}
+        needed.append(len(distinct - live))
+        without_reuse.append(len(distinct))
+        return admit(self, batch)
+
+    def counting_prefill(self, slots):
+        prefilled.append(len(slots))
+        return prefill(self, slots)
+
+    monkeypatch.setattr(Run, "_admit", counting_admit)
+    monkeypatch.setattr(Run, "_prefill", counting_prefill)
+    drafters = [make_drafter(kind, fp64_target, torch.float64, 2)] if kind else []
+    piecemeal = token_ids(run(fp64_target, requests, params, mode, drafters, k=2, max_batch_size=2))
+    assert piecemeal == at_once
+    assert sum(needed) < sum(without_reuse)  # some samples did join a decoding sibling
+    assert sum(prefilled) == sum(needed)
 
 
 def test_seed_changes_samples_and_samples_differ(fp64_target):
