@@ -172,29 +172,26 @@ DRAFTER_FEATURE_DATA_V1 := runs/drafters/qwen1.5b-feature-data
 DRAFTER_FEATURE_DATA := runs/drafters/feature-v2-data
 drafter-feature: $(DRAFTER_FEATURE)/.complete ## train the 1.5B target's feature-level drafter (~95 min; skipped when present)
 
-$(DRAFTER_FEATURE_DATA_V1)/rollouts.jsonl: | $(STAMP)
-	$(BIN)/specactor models pull qwen2.5-coder-1.5b-instruct --dtype float32
-	mkdir -p $(DRAFTER_FEATURE_DATA_V1)
-	$(BIN)/specactor prompts --task chain_sum --count 32 --seed 1000 --out $(DRAFTER_FEATURE_DATA_V1)/chain_sum.jsonl
-	$(BIN)/specactor prompts --task basic_arithmetic --count 32 --seed 1000 --out $(DRAFTER_FEATURE_DATA_V1)/basic.jsonl
-	cat $(DRAFTER_FEATURE_DATA_V1)/chain_sum.jsonl $(DRAFTER_FEATURE_DATA_V1)/basic.jsonl > $(DRAFTER_FEATURE_DATA_V1)/prompts.jsonl
-	$(BIN)/specactor rollout --prompts $(DRAFTER_FEATURE_DATA_V1)/prompts.jsonl --out $@.partial \
-		--set model.target=qwen2.5-coder-1.5b-instruct --set model.dtype=float32 --set rollout.mode=ar \
+# $(call feature_rollouts,DIR,PROMPTS PER TASK,SEED,DTYPE,ROWS,EXTRA --set ...): the 1.5B's rollouts of chain_sum and
+# basic_arithmetic prompts, 2 samples each, into DIR/rollouts.jsonl
+define feature_rollouts
+	$(BIN)/specactor models pull qwen2.5-coder-1.5b-instruct --dtype $(4)
+	mkdir -p $(1)
+	$(BIN)/specactor prompts --task chain_sum --count $(2) --seed $(3) --out $(1)/chain_sum.jsonl
+	$(BIN)/specactor prompts --task basic_arithmetic --count $(2) --seed $(3) --out $(1)/basic.jsonl
+	cat $(1)/chain_sum.jsonl $(1)/basic.jsonl > $(1)/prompts.jsonl
+	$(BIN)/specactor rollout --prompts $(1)/prompts.jsonl --out $(1)/rollouts.jsonl.partial \
+		--set model.target=qwen2.5-coder-1.5b-instruct --set model.dtype=$(4) --set rollout.mode=ar \
 		--set sampling.n=2 --set sampling.max_new_tokens=256 --set sampling.temperature=1.0 \
-		--set rollout.max_batch_size=64
-	mv $@.partial $@
+		--set rollout.max_batch_size=$(5) $(6)
+	mv $(1)/rollouts.jsonl.partial $(1)/rollouts.jsonl
+endef
+
+$(DRAFTER_FEATURE_DATA_V1)/rollouts.jsonl: | $(STAMP)
+	$(call feature_rollouts,$(DRAFTER_FEATURE_DATA_V1),32,1000,float32,64,)
 
 $(DRAFTER_FEATURE_DATA)/rollouts.jsonl: | $(STAMP)
-	$(BIN)/specactor models pull qwen2.5-coder-1.5b-instruct --dtype bfloat16
-	mkdir -p $(DRAFTER_FEATURE_DATA)
-	$(BIN)/specactor prompts --task chain_sum --count 128 --seed 2000 --out $(DRAFTER_FEATURE_DATA)/chain_sum.jsonl
-	$(BIN)/specactor prompts --task basic_arithmetic --count 128 --seed 2000 --out $(DRAFTER_FEATURE_DATA)/basic.jsonl
-	cat $(DRAFTER_FEATURE_DATA)/chain_sum.jsonl $(DRAFTER_FEATURE_DATA)/basic.jsonl > $(DRAFTER_FEATURE_DATA)/prompts.jsonl
-	$(BIN)/specactor rollout --prompts $(DRAFTER_FEATURE_DATA)/prompts.jsonl --out $@.partial \
-		--set model.target=qwen2.5-coder-1.5b-instruct --set model.dtype=bfloat16 --set rollout.mode=ar \
-		--set sampling.n=2 --set sampling.max_new_tokens=256 --set sampling.temperature=1.0 \
-		--set rollout.max_batch_size=128 --set sampling.seed=7
-	mv $@.partial $@
+	$(call feature_rollouts,$(DRAFTER_FEATURE_DATA),128,2000,bfloat16,128,--set sampling.seed=7)
 
 $(DRAFTER_FEATURE)/.complete: $(DRAFTER_FEATURE_DATA_V1)/rollouts.jsonl $(DRAFTER_FEATURE_DATA)/rollouts.jsonl | $(STAMP)
 	cat $(DRAFTER_FEATURE_DATA_V1)/rollouts.jsonl $(DRAFTER_FEATURE_DATA)/rollouts.jsonl > $(DRAFTER_FEATURE_DATA)/all.jsonl
