@@ -163,7 +163,7 @@ $(DRAFTER_SMOLLM2)/.complete: $(DRAFTER_DATA)/rollouts.jsonl | $(STAMP)
 # sessions 17-29's drafter, v1) and 256 x 2 in bf16 (seed 2000, session 30), 640 samples in all; one bf16 pass of
 # the target over them for the features (what a bf16-served target computes; 2x the fp32 pass's speed on the AMD
 # EPYC); then 789 fp32 training steps. Measured in session 30 on a 2-core AMD EPYC (no AMX): the bf16 rollouts 21
-# min (the fp32 ones took 13 min in session 27), features 24 min, 789 steps in 35 min (2.6 s a step; the steps a
+# min (the fp32 ones took 13 min in session 27), features 24 min, 789 steps in 35 min (2.7 s a step; the steps a
 # 60-minute budget that counted the features reached, kept as the budget so the drafter does not depend on the
 # machine), ~95 min in all; held-out top-1 agreement 0.838 on 64 held-out samples, where v1 (128 samples, 640
 # steps) agrees on 0.776 of the same; head over 1,275 tokens.
