@@ -331,8 +331,10 @@ class Run:
             # budget weighs it): its round is charged that catch-up
             steady = self.engine.num_draft_tokens + 1
             catch_up_s = [self.proposer.catch_up_estimate_s(slots, o, steady) for o in options] if options else None
+            # the tokens the rows have left bound the stretch a catch-up is spread over
+            remaining = float((self.rules.max_new_tokens - self.state.output_positions(slots)).float().mean())
             caps = caps.clamp_max(policy.choose(len(slots), context, regime=arm or "", options=options,
-                                                catch_up_s=catch_up_s))
+                                                catch_up_s=catch_up_s, remaining_tokens=remaining))
             methods = options[policy.option] if options else None
         plan = RoundPlan(slots, caps, full_caps, context, arm, drafting, policy, methods)
         far = policy is not None and plan.cap == 0 and policy.speculation_margin < SPARSE_MARGIN

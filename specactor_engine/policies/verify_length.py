@@ -326,6 +326,14 @@ class VerifyLengthPolicy:
     # regime, method set and batch bucket (`_realised_key`) -> EMA of realised / expected tokens per second of the
     # rounds drafted with it (probes left out): what the per-part estimates still miss
     realised: dict[str, float] = field(default_factory=dict)
+    # the same ratio over many more rounds (`realised_decay`): what a key's factor relaxes back to while no round
+    # observes it (`_relax_unobserved`), as a method's acceptance does. The ratio counts tokens, so a poor stretch of
+    # acceptance lowers the factor as well as the acceptance estimates, and a factor no round updates kept it: trace
+    # D, session 30, the feature drafter's factor stood at 0.85 after such a stretch (its mean over the run 0.99)
+    # and `specactor` decoded plainly or with n-gram drafts in 215 of 466 rounds where drafting with it paid
+    realised_long: dict[str, float] = field(default_factory=dict)
+    realised_decay: float = 0.05
+    realised_fresh: set[str] = field(default_factory=set)  # keys observed since the last `choose`
     # keys whose first round was seen and left out: it pays one-time costs (trace D, session 28: in a debug run the
     # feature drafter's first 4-row round realised 0.655 of its estimate, which put every k below plain decoding; in a
     # repeat that went plain after that round, `specactor` drafted with it in 14 rounds of 669)
@@ -343,6 +351,13 @@ class VerifyLengthPolicy:
     # `specactor` decoded plainly for most of the run (mean k 0.3-0.7, median 113.8 s) where `coupled-feature`,
     # drafting with it every round, took 94.0 s
     catch_up_rounds: int = 8
+    # ... or, where the rows have more tokens left (`choose`'s remaining_tokens), the rounds they would take at the
+    # option's expected tokens a row, up to this: a catch-up grows with every round a method is out (trace D, the
+    # feature drafter's by ~1 ms a round at 4 rows), and spread over a fixed 8 rounds, one out for 100 rounds carried
+    # ~14 ms a round against rounds of ~160 ms it gained ~10% in, where the 60-odd rounds the rows had left would
+    # have carried ~2 ms
+    max_catch_up_rounds: int = 64
+    remaining_tokens: float | None = None  # mean tokens the rows of the round being chosen have left (`choose`)
     # each round a method's acceptance goes unobserved (no verify, no shadow draft), its statistics move this
     # share of the way back to their long-run means (`AcceptanceStats.relax`)
     relax_rate: float = 0.1
@@ -460,13 +475,22 @@ class VerifyLengthPolicy:
         """Expected tokens per second of a round verifying k drafts on each of `rows` rows whose
         longest committed context is `context` (drafting=False: without the in-line drafting time,
         as when drafts stream in from concurrent workers; methods: each row's draft method; catch_up_s: what
-        its draft models would first spend feeding what they missed, a share `1 / catch_up_rounds` of it charged to
-        a round that drafts; optimism: `AcceptanceStats.expected_tokens`)."""
-        catch_up = catch_up_s / max(self.catch_up_rounds, 1) if k > 0 else 0.0
+        its draft models would first spend feeding what they missed, spread over the stretch after it
+        (`_catch_up_horizon`) for a round that drafts; optimism: `AcceptanceStats.expected_tokens`)."""
+        catch_up = catch_up_s / self._catch_up_horizon(rows, k, methods) if k > 0 and catch_up_s else 0.0
         seconds = self.verify_seconds(rows, k, context, regime, methods) + \
             (self.drafting_seconds(k, methods) + catch_up if drafting else 0.0)
         return self.expected_tokens(rows, k, methods, optimism) / max(seconds, 1e-6) * \
             self._realised(regime, methods, k, rows)
+
+    def _catch_up_horizon(self, rows: int, k: int, methods: Sequence[str | None] | None) -> float:
+        """Rounds a catch-up is spread over (`catch_up_rounds`, `max_catch_up_rounds`): at least catch_up_rounds; where
+        the rows' remaining tokens are known, the rounds they take at the expected tokens a row of k drafts."""
+        floor = max(self.catch_up_rounds, 1)
+        if self.remaining_tokens is None or self.max_catch_up_rounds <= floor:
+            return float(floor)
+        per_row = self.expected_tokens(rows, k, methods) / max(rows, 1)
+        return min(max(self.remaining_tokens / max(per_row, 1.0), floor), float(self.max_catch_up_rounds))
 
     def _realised(self, regime: str, methods: Sequence[str | None] | None, k: int, rows: int) -> float:
         """The realised / expected throughput factor of rounds of about `rows` rows drafted by this method set (1
@@ -513,12 +537,15 @@ class VerifyLengthPolicy:
 
     def choose(self, rows: int, context: int | None = None, regime: str = "",
                options: Sequence[Sequence[str | None]] | None = None,
-               catch_up_s: Sequence[float] | None = None) -> int:
+               catch_up_s: Sequence[float] | None = None, remaining_tokens: float | None = None) -> int:
         """The verify length for the next round of `rows` rows (recorded in `history`). options: the
         assignments of a draft method per row to choose among; the chosen one's index is left in `option`.
         catch_up_s: per option, what its draft models would spend catching up before drafting: charged to the
         option's round (trace D's 0.5B won rounds on a few rows of a mixed assignment by its per-round estimate
-        and fed their whole context each time), and the first option's weighs in its probe budget."""
+        and fed their whole context each time), and the first option's weighs in its probe budget.
+        remaining_tokens: the mean tokens the rows have left to generate (None: unknown), which bounds the stretch a
+        catch-up is spread over (`max_catch_up_rounds`)."""
+        self.remaining_tokens = remaining_tokens
         self._memo = {}
         try:
             return self._choose(rows, context, regime, options, catch_up_s)
@@ -611,13 +638,17 @@ class VerifyLengthPolicy:
 
     def _relax_unobserved(self) -> None:
         """Per-method acceptance nothing observed last round drifts back toward its long-run mean
-        (`AcceptanceStats.relax`): a method out of use gets tried again once its long-run record says it should,
-        not only when a probe happens to land in a better stretch."""
+        (`AcceptanceStats.relax`), and so does the realised factor of every assignment no round observed
+        (`realised_long`): a method out of use gets tried again once its long-run record says it should, not only
+        when a probe happens to land in a better stretch."""
         if self.relax_rate > 0.0:
             for name, stats in self.by_method.items():
                 if name not in self.fresh:
                     stats.relax(self.relax_rate)
-        self.fresh = set()
+            for key, factor in self.realised.items():
+                if key not in self.realised_fresh and key in self.realised_long:
+                    self.realised[key] = factor + self.relax_rate * (self.realised_long[key] - factor)
+        self.fresh, self.realised_fresh = set(), set()
 
     def _probe_first_option(self, k: int, first_score: Callable[[], float], may_pay: Callable[[], bool]) -> int:
         """Keep the selector's own assignment (options[0]) measured while another wins: a method that drafts in
@@ -761,6 +792,9 @@ class VerifyLengthPolicy:
                 self.realised_warmed.add(key)
             else:
                 self.realised[key] = ratio if old is None else old + self.decay * (ratio - old)
+                long = self.realised_long.get(key)
+                self.realised_long[key] = ratio if long is None else long + self.realised_decay * (ratio - long)
+                self.realised_fresh.add(key)
             self.expected = None
         if self.probing_first:
             self.first_probe_s, self.probing_first = round_s, False

@@ -104,7 +104,7 @@ class _FixedLength:
     def __init__(self, policy, k: int) -> None:
         self.policy, self.k, self.probe_deep = policy, k, False
 
-    def choose(self, rows, context=None, regime="", options=None, catch_up_s=None):
+    def choose(self, rows, context=None, regime="", options=None, catch_up_s=None, remaining_tokens=None):
         return self.k
 
     def __getattr__(self, name):

@@ -564,6 +564,63 @@ def test_a_catch_up_that_grows_while_a_model_is_out_does_not_keep_it_out():
     assert policy(1).choose(4, options=[feature], catch_up_s=[0.12]) == 0  # charged whole to one round: kept out
 
 
+def test_a_catch_up_is_spread_over_the_rounds_the_rows_have_left():
+    """Spread over a fixed 8 rounds, a catch-up that grew over a long stretch out of use still outweighed what the
+    model gains a round (trace D: ~1 ms more per round out, rounds of ~160 ms gaining ~10%). Where the rows have
+    many tokens left, it is spread over the rounds they would take (up to `max_catch_up_rounds`), and the model whose
+    steady rounds win comes back; where they have few left it is not worth paying."""
+    feature = ["feature"] * 4
+    p = policy_with(linear_table(0.1, 0.001), [0.5] * 4)
+    for _ in range(20):  # 1.75 tokens a row at k = 2, drafting 4 ms a position: ~1.25x plain decoding's rate
+        p.observe_round(2, [2] * 4, [1, 1, 0, 1], 0.008, 0.13, 4, methods=feature,
+                        draft_s_by_method={"feature": 0.008})
+    catch_up = [0.8]  # what feeding the tokens it missed over a long stretch out of use costs
+
+    def chosen(remaining_tokens: float | None) -> int:
+        p.current = None
+        return p.choose(4, options=[feature], catch_up_s=catch_up, remaining_tokens=remaining_tokens)
+
+    assert chosen(None) == 0  # unknown: over catch_up_rounds (8), 100 ms a round, slower than plain decoding
+    assert chosen(200.0) > 0  # 100-200 rounds left: spread over 64, ~13 ms a round
+    assert p._catch_up_horizon(4, 2, feature) == 64
+    assert chosen(10.0) == 0  # a few rounds left: the floor of 8 rounds holds
+    assert p._catch_up_horizon(4, 2, feature) == 8
+
+
+@pytest.mark.parametrize("relaxes", [False, True])
+def test_a_realised_factor_lowered_by_a_poor_stretch_relaxes_back_while_out_of_use(relaxes):
+    """The realised factor counts tokens, so a poor stretch of acceptance lowers it as well as the acceptance
+    estimates; the acceptance relaxes back while the method is out of use (`AcceptanceStats.relax`), and a factor no
+    round updated kept the stretch (trace D, session 30: the feature drafter's at 0.85 against a run's mean of 0.99,
+    out of use for 215 of 466 rounds). It relaxes as well, toward its own long-run record, and the method whose
+    record leads comes back; with the factor frozen (as before) it never does."""
+    F, N = ["feature"] * 4, ["ngram"] * 4
+    policy = VerifyLengthPolicy(D_FP32, AcceptanceStats(max_k=4), probe_every=0, cheap_probe_every=0)
+    good, poor = {"feature": (2, 2, 1, 1), "ngram": (1, 1, 1, 0)}, {"feature": (0, 0, 0, 0), "ngram": (1, 1, 1, 0)}
+
+    def round_(accepted: dict[str, tuple[int, ...]]) -> int:
+        k = policy.choose(4, options=[F, N])
+        methods = (F, N)[policy.option]
+        took = [min(a, k) for a in accepted[methods[0]]]
+        policy.observe_round(k, [k] * 4, took, 0.0, D_FP32.cost(4, k + 1), 4, methods=methods)
+        if not relaxes:
+            policy.realised_long.clear()  # what the policy kept before: nothing to relax toward
+        return policy.option
+
+    assert {round_(good) for _ in range(30)} == {0}  # ~1.2x the n-gram drafter's rate
+    for _ in range(3):  # a poor stretch: nothing accepted
+        round_(poor)
+    key = policy._realised_key("", F, policy.bucket(4))
+    assert policy.realised[key] < 0.8
+    after = [round_(good) for _ in range(60)]
+    assert after[0] == 1  # the stretch counts: the n-gram drafter takes over
+    if relaxes:
+        back = after.index(0)
+        assert set(after[back:]) == {0} and policy.realised[key] > 0.9, after
+    else:
+        assert set(after) == {1}
+
+
 def test_a_round_that_caught_up_does_not_count_as_realising_less_than_expected():
     """The realised / expected factor of an assignment compares its steady rounds with their estimate: the seconds
     a round spent catching up are charged apart (`catch_up_rounds`), so the round after a switch does not also
