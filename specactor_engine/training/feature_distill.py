@@ -145,8 +145,17 @@ class FeatureDistiller:
         return {"optimizer": self.optimizer.state_dict(), "steps": self.steps, "rng": self.rng.getstate(),
                 "generator": self.generator.get_state()}
 
+    @property
+    def lr(self) -> float:
+        return self.optimizer.param_groups[0]["lr"]
+
     def load_state_dict(self, state: dict) -> None:
+        """Resume a saved trainer at this trainer's learning rate (the optimizer's saved state would bring back the
+        earlier run's: a resumed run at a lower rate, to anneal a drafter trained at a constant one, kept the old)."""
+        lr = self.lr
         self.optimizer.load_state_dict(state["optimizer"])
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
         self.steps = state["steps"]
         self.rng.setstate(state["rng"])
         self.generator.set_state(state["generator"])

@@ -150,8 +150,11 @@ def _model_and_trainer(job: FeatureJob, target: nn.Module, vocab: torch.Tensor |
     model = FeatureDraftModel.load(job.out, target) if resuming else FeatureDraftModel(target)
     distiller = FeatureDistiller(model, target, job.lr, vocab, job.seed, job.feature_weight, job.noise)
     if resuming:
-        distiller.load_state_dict(torch.load(state_path, weights_only=False))
-        reporter.note(f"resuming the feature drafter in {job.out} at step {distiller.steps}")
+        state = torch.load(state_path, weights_only=False)
+        saved_lr = state["optimizer"]["param_groups"][0]["lr"]
+        distiller.load_state_dict(state)
+        change = f", learning rate {saved_lr:g} -> {job.lr:g}" if saved_lr != job.lr else ""
+        reporter.note(f"resuming the feature drafter in {job.out} at step {distiller.steps}{change}")
     return model, distiller
 
 

@@ -72,6 +72,22 @@ def test_the_bounded_refresh_stops_at_its_step_budget_over_a_compact_head():
     assert distill_features(model, target, [([1, 2], [])])["feature_distill_steps"] == 0.0  # nothing usable
 
 
+def test_a_resumed_trainer_takes_its_own_learning_rate():
+    """A drafter trained at a constant rate is annealed by resuming it at a lower one (`--lr` of a resumed run); the
+    optimizer's saved state carried the earlier rate back, so the lower one was ignored. Steps and moments are
+    resumed, the rate is the new trainer's."""
+    target = make_tiny_model("qwen2", seed=2, num_layers=2)
+    pairs = target_samples(target, count=4)
+    features = target_features(target, pairs)
+    first = FeatureDistiller(FeatureDraftModel(target), target, lr=3e-3, seed=0)
+    for _ in range(2):
+        first.step(pairs, features, batch_size=4)
+    resumed = FeatureDistiller(FeatureDraftModel(target), target, lr=1e-4, seed=0)
+    resumed.load_state_dict(first.state_dict())
+    assert resumed.steps == 2 and resumed.lr == 1e-4
+    assert resumed.optimizer.state_dict()["state"][0]["step"] == first.optimizer.state_dict()["state"][0]["step"]
+
+
 def _records(path: Path, pairs) -> Path:
     path.write_text("".join(json.dumps({"prompt_token_ids": p, "token_ids": o}) + "\n" for p, o in pairs))
     return path
