@@ -220,9 +220,15 @@ class _LineProgress:
         self.console, self.label, self.unit = console, label, unit
         self.started = time.perf_counter()
         self.shown = 0  # done at the last line
+        self.first: int | None = None  # done at the first call: a resumed run's tenths are of what is left
 
     def __call__(self, done: int, total: int, loss: float | None = None) -> None:
-        if done > self.shown and (done == total or done - self.shown >= max(1, total // 10)):
+        if self.first is None:
+            self.first = self.shown = done
+            if done:  # resumed: say where it starts
+                self.console.print(f"{self.label}: {done}/{total}{self.unit}, 0 s", highlight=False)
+                return
+        if done > self.shown and (done == total or done - self.shown >= max(1, (total - self.first) // 10)):
             self.shown = done
             tail = "" if loss is None else f", loss {loss:.3f}"
             self.console.print(f"{self.label}: {done}/{total}{self.unit}, {time.perf_counter() - self.started:.0f} s"

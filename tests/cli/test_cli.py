@@ -137,6 +137,23 @@ def test_rollout_progress_in_a_log_is_a_line_at_every_tenth() -> None:
     assert [line.split(" sequences")[0] for line in lines] == [f"rollout: {n}/30" for n in range(3, 31, 3)]
 
 
+def test_a_resumed_run_s_progress_is_a_line_at_every_tenth_of_what_is_left() -> None:
+    """A training run resumed at step 789 of 1,089 printed its next line 108 steps (~5 minutes) on: tenths of the
+    total, not of what was left."""
+    from io import StringIO
+
+    from rich.console import Console
+
+    from specactor.cli import _LineProgress
+
+    buffer = StringIO()
+    progress = _LineProgress(Console(file=buffer, width=200), "training", "")
+    for done in range(80, 101):
+        progress(done, 100)
+    lines = buffer.getvalue().splitlines()
+    assert [line.split(",")[0] for line in lines] == [f"training: {n}/100" for n in range(80, 101, 2)]
+
+
 def test_rollout_with_a_config_file(fake_engine: type[FakeEngine], prompts_file: Path, tmp_path: Path) -> None:
     config = Path(__file__).resolve().parents[2] / "configs" / "ar.yaml"
     result = run("rollout", "--config", config, "--prompts", prompts_file, "--out", tmp_path / "o.jsonl")
