@@ -358,6 +358,12 @@ class VerifyLengthPolicy:
     # have carried ~2 ms
     max_catch_up_rounds: int = 64
     remaining_tokens: float | None = None  # mean tokens the rows of the round being chosen have left (`choose`)
+    # methods chosen on their merits for a round that drafted: a catch-up is spread over the rows' remaining rounds
+    # only for an option whose draft models all held rows before (the catch-up of coming back after a poor stretch);
+    # a model never in use pays to enter on its estimates alone, over `catch_up_rounds` (trace D, session 31: spread
+    # over 64 rounds, the 0.5B's first catch-up, 0.78 s of deferred prompts, let it in at round 12 of a repeat and it
+    # kept the rows for the run at 49.5 tokens/s where the feature drafter's rounds made 53.8)
+    held: set[str] = field(default_factory=set)
     # each round a method's acceptance goes unobserved (no verify, no shadow draft), its statistics move this
     # share of the way back to their long-run means (`AcceptanceStats.relax`)
     relax_rate: float = 0.1
@@ -485,9 +491,11 @@ class VerifyLengthPolicy:
 
     def _catch_up_horizon(self, rows: int, k: int, methods: Sequence[str | None] | None) -> float:
         """Rounds a catch-up is spread over (`catch_up_rounds`, `max_catch_up_rounds`): at least catch_up_rounds; where
-        the rows' remaining tokens are known, the rounds they take at the expected tokens a row of k drafts."""
+        the rows' remaining tokens are known and the option's draft models all held rows before (`held`), the rounds
+        they take at the expected tokens a row of k drafts."""
         floor = max(self.catch_up_rounds, 1)
-        if self.remaining_tokens is None or self.max_catch_up_rounds <= floor:
+        if self.remaining_tokens is None or self.max_catch_up_rounds <= floor or \
+                not _models_of(methods or ()) <= self.held:
             return float(floor)
         per_row = self.expected_tokens(rows, k, methods) / max(rows, 1)
         return min(max(self.remaining_tokens / max(per_row, 1.0), floor), float(self.max_catch_up_rounds))
@@ -582,6 +590,8 @@ class VerifyLengthPolicy:
         self.option = option_at(k)[1]  # a length probe below keeps it
         if options is not None:
             self.models_in_use = _models_of(options[self.option])
+            if k > 0:
+                self.held |= self.models_in_use
             evaluated.clear()  # the hysteresis on the methods in use now weighs from the new ones
         target = self._probe_target(k, regime, rows)
         # a new length in force starts its own interval (its first round counts)

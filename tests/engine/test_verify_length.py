@@ -568,7 +568,8 @@ def test_a_catch_up_is_spread_over_the_rounds_the_rows_have_left():
     """Spread over a fixed 8 rounds, a catch-up that grew over a long stretch out of use still outweighed what the
     model gains a round (trace D: ~1 ms more per round out, rounds of ~160 ms gaining ~10%). Where the rows have
     many tokens left, it is spread over the rounds they would take (up to `max_catch_up_rounds`), and the model whose
-    steady rounds win comes back; where they have few left it is not worth paying."""
+    steady rounds win comes back; where they have few left it is not worth paying. A model that never held the rows
+    pays its first catch-up over the floor: its estimates alone speak for it (trace D: the 0.5B's deferred prompts)."""
     feature = ["feature"] * 4
     p = policy_with(linear_table(0.1, 0.001), [0.5] * 4)
     for _ in range(20):  # 1.75 tokens a row at k = 2, drafting 4 ms a position: ~1.25x plain decoding's rate
@@ -580,7 +581,9 @@ def test_a_catch_up_is_spread_over_the_rounds_the_rows_have_left():
         p.current = None
         return p.choose(4, options=[feature], catch_up_s=catch_up, remaining_tokens=remaining_tokens)
 
-    assert chosen(None) == 0  # unknown: over catch_up_rounds (8), 100 ms a round, slower than plain decoding
+    assert chosen(200.0) == 0  # never in use: it pays to enter over catch_up_rounds (8), 100 ms a round
+    assert p.choose(4, options=[feature], catch_up_s=[0.0]) > 0 and p.held == {"feature"}  # it held the rows
+    assert chosen(None) == 0  # remaining tokens unknown: over catch_up_rounds
     assert chosen(200.0) > 0  # 100-200 rounds left: spread over 64, ~13 ms a round
     assert p._catch_up_horizon(4, 2, feature) == 64
     assert chosen(10.0) == 0  # a few rounds left: the floor of 8 rounds holds
