@@ -326,7 +326,7 @@ class VerifyLengthPolicy:
     # regime, method set and batch bucket (`_realised_key`) -> EMA of realised / expected tokens per second of the
     # rounds drafted with it (probes left out): what the per-part estimates still miss
     realised: dict[str, float] = field(default_factory=dict)
-    # the same ratio over many more rounds (`realised_decay`): what a key's factor relaxes back to while no round
+    # the same ratio over many more rounds (`realised_decay`, from 1): what a key's factor relaxes back to while no round
     # observes it (`_relax_unobserved`), as a method's acceptance does. The ratio counts tokens, so a poor stretch of
     # acceptance lowers the factor as well as the acceptance estimates, and a factor no round updates kept it: trace
     # D, session 30, the feature drafter's factor stood at 0.85 after such a stretch (its mean over the run 0.99)
@@ -616,7 +616,12 @@ class VerifyLengthPolicy:
                                                                      score(self.current), context, regime, first,
                                                                      self.catch_up_s[:1]))
         chosen = options[self.option] if options else None
-        key = self._realised_key(regime, chosen, self.bucket(rows)) if k > 0 and not self.probing_first else None
+        # probes (of a length or of the first assignment) are left out: a deep probe's expected tokens extrapolate
+        # positions no round verified yet (trace D, session 31: the feature drafter's first k = 4 probe, at round 10,
+        # was expected to emit 20 tokens on one perfect k = 2 round and emitted 8; its factor fell to the 0.5 floor and
+        # it was out for 230 rounds)
+        in_force = k > 0 and k == self.current and not self.probing_first
+        key = self._realised_key(regime, chosen, self.bucket(rows)) if in_force else None
         if key is not None and chosen is not None:
             raw = self.throughput(rows, k, context, regime, methods=chosen) / self._realised(regime, chosen, k, rows)
             self.expected = (key, raw)
@@ -803,7 +808,8 @@ class VerifyLengthPolicy:
             else:
                 self.realised[key] = ratio if old is None else old + self.decay * (ratio - old)
                 long = self.realised_long.get(key)
-                self.realised_long[key] = ratio if long is None else long + self.realised_decay * (ratio - long)
+                long = 1.0 if long is None else long  # the estimates are right until rounds show otherwise
+                self.realised_long[key] = long + self.realised_decay * (ratio - long)
                 self.realised_fresh.add(key)
             self.expected = None
         if self.probing_first:

@@ -693,6 +693,24 @@ def test_a_method_whose_rounds_realise_less_than_expected_is_expected_less():
         assert policy.option == chosen
 
 
+def test_probe_rounds_are_left_out_of_the_realised_factor():
+    """Trace D, session 31: the feature drafter's first k = 4 probe (round 10) was expected to emit 20 tokens, its
+    deep positions extrapolated from one perfect k = 2 round, and emitted 8; counted, it set the drafter's realised
+    factor to the 0.5 floor and `specactor` decoded plainly or with n-gram drafts for 230 rounds. Only rounds at the
+    length in force set an expectation to realise; probes of other lengths do not."""
+    feature = ["feature"] * 4
+    policy = VerifyLengthPolicy(linear_table(0.1, 0.001), AcceptanceStats(max_k=4, accept_through=[0.9, 0.8, 0.0, 0.0]),
+                                probe_every=4, cheap_probe_every=0)
+    probes, in_force = [], []
+    for _ in range(24):
+        k = policy.choose(4, options=[feature])
+        (in_force if k == policy.current else probes).append((k, policy.expected))
+        policy.observe_round(k, [k] * 4, [min(k, 2)] * 4, 0.0, 0.12, 4, methods=feature)
+    assert any(k == policy.max_k for k, _ in probes), probes  # the premise: deep probes ran
+    assert all(expected is None for _, expected in probes)
+    assert all(expected is not None for k, expected in in_force if k > 0) and any(k > 0 for k, _ in in_force)
+
+
 def test_the_first_round_of_an_assignment_does_not_set_its_realised_factor():
     """A first round pays one-time costs (trace D, session 28: the feature drafter's first 4-row round took 1.09 s,
     later ones ~0.2 s); had it counted, the factor would start at the 0.5 floor and price the drafter at half its
