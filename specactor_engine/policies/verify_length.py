@@ -630,14 +630,16 @@ class VerifyLengthPolicy:
         return k
 
     def forget_acceptance(self) -> None:
-        """Back to the prior acceptance, pooled and per method, and to no length in force; what was measured of
-        costs (calibration, drafting seconds, realised factors, all per batch bucket) is kept. For a caller whose
+        """Back to the prior acceptance, pooled and per method, and to no length in force or methods that held rows
+        (`held`: a judgment of their acceptance); what was measured of costs (calibration, drafting seconds, realised
+        factors, all per batch bucket) is kept. For a caller whose
         earlier rounds say nothing of the acceptance to come: the benchmark's warm-up decodes 8 tokens of one row
         (on trace D the feature drafter's statistics after it were 1.0 at every position), and one repeat of trace A
         then verified 3-4 drafts a row at 32 rows for 12 rounds (1.2 s each against 0.31 s for a plain round)."""
         self.stats = AcceptanceStats(self.max_k, self.stats.decay, self.stats.prior)
         self.by_method, self.method_seen_at, self.fresh = {}, {}, set()
         self.current, self.probe_from, self.rounds_since_probe = None, None, 0
+        self.held = set()
 
     def hold(self) -> int:
         """A round decoded plainly without a new choice (the engine re-chooses only every few rounds while plain

@@ -917,8 +917,8 @@ def test_while_plain_decoding_is_in_force_a_method_expected_close_behind_is_stil
 
 def test_forgetting_acceptance_keeps_what_was_measured_of_costs():
     """After a warm-up (the benchmark's 8 tokens of one row, its drafts accepted whole) the policy goes back to the prior
-    acceptance, pooled and per method, with no length in force; calibration, drafting seconds and realised factors,
-    measured per batch bucket, stay."""
+    acceptance, pooled and per method, with no length in force and no method that held the rows; calibration, drafting
+    seconds and realised factors, measured per batch bucket, stay."""
     feature = ["feature"] * 4
     policy = VerifyLengthPolicy(D_FP32, AcceptanceStats(max_k=4), probe_every=0)
     for _ in range(6):
@@ -927,8 +927,9 @@ def test_forgetting_acceptance_keeps_what_was_measured_of_costs():
                              methods=feature, draft_s_by_method={"feature": 0.01 * k})
     assert policy.stats.rates()[0] == 1.0 and policy.method_stats("feature").rates()[0] == 1.0
     scale, draft_s, realised = dict(policy.scale), dict(policy.draft_s_by_method), dict(policy.realised)
-    assert scale and draft_s and realised
+    assert scale and draft_s and realised and policy.held == {"feature"}
     policy.forget_acceptance()
     assert policy.stats.rates() == [0.5, 0.25, 0.125, 0.0625] and policy.by_method == {} and policy.current is None
+    assert policy.held == set()  # a warm-up's rounds do not make a method one that held the rows
     assert policy.method_stats("feature").rates() == [0.5, 0.25, 0.125, 0.0625]
     assert (policy.scale, policy.draft_s_by_method, policy.realised) == (scale, draft_s, realised)
