@@ -65,6 +65,7 @@ class EngineVariant:
     verify_length: Literal["fixed", "dynamic"] = "fixed"
     workers: bool = False
     cpu_kernels: bool = True
+    trimming: bool = False  # rollout.draft_trimming (policies/draft_trim.py)
 
     @property
     def needs_reference(self) -> bool:
@@ -91,6 +92,9 @@ ENGINE_VARIANTS: tuple[EngineVariant, ...] = (
     EngineVariant("coupled-feature", "coupled", "The feature-level drafter given with --feature-drafter alone (one "
                   "decoder layer over the target's hidden states, EAGLE-style), dynamic verify length.",
                   ("feature",), "dynamic"),
+    EngineVariant("coupled-feature-trimmed", "coupled", "`coupled-feature` with draft trimming (rollout.draft_trimming: "
+                  "each round verifies the drafted positions whose chance of acceptance pays for their verify time).",
+                  ("feature",), "dynamic", trimming=True),
     EngineVariant("decoupled", "decoupled", "The trace's draft model in a worker process; the verifier never waits; "
                   "dynamic verify length and dynamic decoupling.", (), "dynamic", workers=True),
     EngineVariant("specactor", "specactor", "Per request, Fastest-of-N over the suffix and n-gram drafters and, when "
@@ -120,7 +124,7 @@ def engine_config(variant: EngineVariant, spec: RunSpec) -> SpecActorConfig:
                               and (source != "feature" or spec.feature_drafter is not None)]
     rollout = RolloutConfig(mode=variant.mode, num_draft_tokens=spec.num_draft_tokens,
                             verify_length=variant.verify_length, max_batch_size=spec.max_batch_size or ALL_AT_ONCE,
-                            **fields)
+                            draft_trimming=variant.trimming, **fields)
     if spec.replicas > 1:  # the run's threads shared among the replicas, no drafter worker beside a 1-thread engine
         rollout = rollout.model_copy(update={"replicas": spec.replicas, "decoupled": DecoupledConfig(),
                                              "replica_threads": max(1, spec.threads // spec.replicas)})

@@ -201,6 +201,17 @@ class RolloutConfig(_Frozen):
         "what they commit (a draft token is accepted iff it equals the committed one), and rows verifying fewer "
         "drafts than their cap are drafted to the cap; this keeps the acceptance statistics and the per-request "
         "method choice fresh without probe rounds at the deepest length. 0: probe rounds instead.")
+    draft_trimming: bool = Field(
+        False, description="Dynamic verify length on a CPU with packed_verify: after drafting, each round verifies only "
+        "the positions of model and feature drafts whose chance of being reached and accepted (the drafter's "
+        "confidence mapped to acceptance rates learned during the run) pays for their verify time, priced from a "
+        "startup profile of packed rounds; the rest are cut. Output is unchanged (a row verifies a prefix of its "
+        "drafts). Off by default: on trace D (4 rows, the feature drafter) it measured level with untrimmed rounds "
+        "(docs/architecture.md 8.6).")
+    packed_verify: bool = Field(
+        True, description="On a CPU, a verify round whose rows verify different numbers of drafts runs their real "
+        "tokens only, one token per row of the forward, instead of padding every row to the widest (past the "
+        "compute ridge a padded token costs what a real one does). The logits are the same either way.")
     decoupled: DecoupledConfig = Field(default_factory=DecoupledConfig, description="Settings of mode 'decoupled'.")
     replicas: int = Field(1, ge=1, le=64, description="Rollout engines: 1 is the in-process engine; N > 1 runs N "
                           "engines as Ray actors (replicas.py), each with its own threads and drafters; a call's "

@@ -27,6 +27,7 @@ from specactor_engine.model.weights import load_named_weights
 from specactor_engine.modes import MODES
 from specactor_engine.policies.cost_profile import load_or_measure
 from specactor_engine.policies.verify_length import AcceptanceStats, CostProfile, CostTable, VerifyLengthPolicy
+from specactor_engine.policies.draft_trim import ConfidenceCalibration
 from specactor_engine.run import Run, SampleRecord
 from specactor_engine.sampling import sequence_key
 from specactor_engine.tokenize import encode_request, eos_token_ids
@@ -76,6 +77,9 @@ class Engine:
         # dynamic verify length with model-free drafters and position-keyed acceptance: acceptance
         # statistics from shadow drafts (shadow.py) instead of probe rounds at the deepest length
         self.shadow_rows = rollout.shadow_rows
+        self.packed_verify = rollout.packed_verify
+        # draft trimming's map from drafter confidence to acceptance, kept across calls as the policy's statistics are
+        self.trim_calibration = ConfidenceCalibration() if rollout.draft_trimming else None
         # dynamic: a VerifyLengthPolicy picks k in 0..num_draft_tokens each round (built on first use,
         # from `cost_table` or the cached startup profile); it keeps its statistics across calls.
         self.verify_length = rollout.verify_length if self.drafters or self.coordinator else "fixed"
@@ -255,7 +259,8 @@ class Engine:
         table = self.cost_table
         if table is None or table.batch_sizes[-1] < max_rows or (table.max_context and table.max_context < max_context):
             table = self.cost_table = load_or_measure(self.runner, max_rows, self.num_draft_tokens,
-                                                      max_context=max_context)
+                                                      max_context=max_context,
+                                                      packed=self.trim_calibration is not None)
         if self.length_policy is None:
             self.length_policy = VerifyLengthPolicy(table, AcceptanceStats(max_k=self.num_draft_tokens),
                                                     prior_share=self._cost_shares())

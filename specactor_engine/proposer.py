@@ -49,6 +49,7 @@ class RoundDrafts:
     fallback: torch.Tensor | None = None  # [R] bool: drafted by another method after the chosen one gave none
     deferred: torch.Tensor | None = None  # [R] bool: acceptance scored later from a shadow, not this verify
     candidates: Candidates | None = None  # combination's second drafts, if this round verifies any
+    trimmed: torch.Tensor | None = None  # [R] drafts cut before the verify (draft trimming: policies/draft_trim.py)
     draft_s: float = 0.0  # seconds proposing the verified drafts (the critical path's drafting)
     shadow_s: float = 0.0  # seconds drafting idle rows for statistics only
     candidate_s: float = 0.0  # seconds drafting the combination's candidates
@@ -264,6 +265,7 @@ class Proposer:
         merged, caps, full_caps = drafts.proposal, drafts.caps, drafts.full_caps
         need = need.clone()
         probs_parts: list[tuple[torch.Tensor, torch.Tensor]] = []
+        confidence_parts: list[tuple[torch.Tensor, torch.Tensor]] = []
         for drafter in self.drafters:
             mine = need if drafts.chosen is None else need & torch.tensor([c == drafter.name for c in drafts.chosen])
             rows = mine.nonzero().flatten()
@@ -284,11 +286,18 @@ class Proposer:
             merged.num_tokens[taken] = proposal.num_tokens[got]
             if proposal.probs is not None:
                 probs_parts.append((taken, proposal.probs[got]))
+            if proposal.confidence is not None:
+                confidence_parts.append((taken, proposal.confidence[got]))
             for row in taken.tolist():
                 drafts.sources[row] = drafter.name
             need[taken] = False
         if self.rejection and probs_parts:
             merged.probs = self._merge_probs(merged, probs_parts)
+        if confidence_parts:  # NaN: rows whose drafter reports no confidence (draft trimming leaves them whole)
+            merged.confidence = torch.full(merged.token_ids.shape, float("nan"))
+            for rows, part in confidence_parts:
+                width = min(part.shape[1], merged.confidence.shape[1])
+                merged.confidence[rows, :width] = part[:, :width]
 
     def _observe_cost(self, drafts: RoundDrafts, name: str, spent: float, rows: int, catch_up: float = 0.0) -> None:
         """Book an in-process drafter's seconds: this round's, the call's, and the selector's cost model (which,

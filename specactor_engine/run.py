@@ -22,6 +22,7 @@ from specactor_engine.decoupled.sync import WorkerDrafterSync
 from specactor_engine.drafters import Drafter
 from specactor_engine.model.heap import release_free_memory
 from specactor_engine.model.runner import ModelRunner
+from specactor_engine.policies.draft_trim import ConfidenceCalibration, choose_tokens
 from specactor_engine.policies.selector import FastestOfNSelector
 from specactor_engine.policies.shadow import SPARSE_MARGIN, ShadowBook, choice_due, shadows_due
 from specactor_engine.policies.verify_length import VerifyLengthPolicy
@@ -56,6 +57,8 @@ class EngineView(Protocol):
     eos_ids: list[int]
     vocab_size: int
     check_invariants: bool
+    packed_verify: bool
+    trim_calibration: ConfidenceCalibration | None
 
 
 @dataclass
@@ -136,7 +139,7 @@ class Run:
                                  self._shadow_book(rejection), engine.shadow_rows, rejection, engine.vocab_size,
                                  self._output_of)
         self.verifier = Verifier(self.runner, self.state, self.params, stats, rejection, engine.vocab_size,
-                                 self.scratch, selector)
+                                 self.scratch, selector, pack=engine.packed_verify and self.runner.device.type == "cpu")
         if self.coordinator is not None:
             spec = SamplingSpec(sampling.temperature, sampling.top_k, sampling.top_p, sampling.max_new_tokens)
             self.coordinator.reset(num_slots, max_len, spec, window=2 * engine.num_draft_tokens,
@@ -277,6 +280,7 @@ class Run:
                                        shadow_idle=self.proposer.shadows is not None and plan.drafting
                                        and self._shadows_due(plan),
                                        chosen=plan.methods)
+        self._trim(plan, drafts)
         if len(self.scratch) and len(slots) <= self.engine.combine_below and drafts.chosen is not None \
                 and self._combination_pays(plan):
             self.proposer.add_candidates(slots, drafts, max_rows=len(self.scratch), free_only=plan.policy is not None)
@@ -287,11 +291,17 @@ class Run:
         self.stats.verify_rounds += 1
         self.stats.row_rounds += len(slots)
         outcome = self._accept_and_commit(slots, verified.logits, drafts.proposal)
+        calibration = self.engine.trim_calibration
+        if calibration is not None and drafts.proposal.confidence is not None and plan.policy is not None:
+            calibration.observe_round(drafts.proposal.confidence.numpy(), drafts.sources,
+                                      drafts.proposal.num_tokens.numpy(), outcome.num_accepted.numpy())
         self._record(plan, drafts, outcome)
         own = outcome.num_accepted if verified.own_accepted is None else verified.own_accepted  # [R]
         self.proposer.credit(slots, drafts, own)
         if plan.policy is not None:
             verified_caps = plan.caps if drafts.deferred is None else torch.where(drafts.deferred, 0, plan.caps)
+            # a trimmed position counts as not accepted: the statistics at length k are what rounds drafting k and
+            # trimming emit, and the calibration at width k + 1 what they cost (policies/draft_trim.py)
             # the shadow drafting of idle rows and the candidates' drafting are left out: they are not part of
             # any width's verify cost
             # each row's acceptance counts for the method whose drafts it verified (its chosen one if none came)
@@ -305,6 +315,27 @@ class Run:
                                       catch_up_s=sum(drafts.catch_up_s_by_drafter.values()))
         if self.phase is not None:
             self.phase.observe(plan.arm, int(outcome.counts.sum()), clock.now() - started)
+
+    def _trim(self, plan: RoundPlan, drafts: RoundDrafts) -> None:
+        """Draft trimming (policies/draft_trim.py): under the dynamic verify length, verify the drafted positions
+        whose chance of being reached and accepted pays for their verify time, the rest cut."""
+        proposal, calibration, policy = drafts.proposal, self.engine.trim_calibration, plan.policy
+        if calibration is None or policy is None or plan.cap == 0 or proposal.confidence is None \
+                or not self.verifier.pack:
+            return
+        rows, regime = len(plan.slots), plan.arm or ""
+
+        def seconds(tokens: int) -> float:
+            return drafts.draft_s + policy.packed_verify_seconds(rows, tokens, plan.context, regime)
+
+        kept = torch.from_numpy(choose_tokens(proposal.num_tokens.numpy(), proposal.confidence.numpy(),
+                                              drafts.sources, calibration, seconds))
+        cut = proposal.num_tokens - kept
+        if int(cut.sum()):
+            self.stats.trimmed_tokens += int(cut.sum())
+            drafts.trimmed = cut
+            proposal.num_tokens = kept
+            proposal.token_ids[torch.arange(proposal.token_ids.shape[1])[None, :] >= kept[:, None]] = 0
 
     def _schedule(self, slots: torch.Tensor) -> RoundPlan:
         """Each row's draft cap [R] for this round: room left in its budget, the dynamic decoupling arm,

@@ -75,11 +75,14 @@ class DraftProposal:
     token_ids:   [R, k] int64, padded with 0 past num_tokens
     num_tokens:  [R]    int64, 0 <= num_tokens[r] <= k
     probs:       [R, k, V] float draft distributions, or None for deterministic drafts
+    confidence:  [R, k] float32, the drafter's own probability of each token it drafted (NaN: a row whose
+                 drafter reports none, e.g. n-gram drafts), or None; draft trimming reads it
     """
 
     token_ids: torch.Tensor
     num_tokens: torch.Tensor
     probs: torch.Tensor | None = None
+    confidence: torch.Tensor | None = None
 
     @staticmethod
     def empty(num_rows: int) -> "DraftProposal":
@@ -120,6 +123,7 @@ class EngineStats:
     arm_skips: int = 0  # ... and explorations of the workers' arm skipped (its best case could not win)
     candidate_rows: int = 0  # combination: second candidates verified beside a row's own drafts
     candidate_wins: int = 0  # ... and how many of them were accepted further than the row's own
+    trimmed_tokens: int = 0  # drafts cut before the verify as not worth their verify time (policies/draft_trim.py)
     shadow_drafts: int = 0  # drafts scored against the committed tokens instead of verified (shadow.py)
     shadow_accepted: int = 0  # ... and the tokens of them a verify would have accepted
     shadow_drafts_per_drafter: dict[str, int] = field(default_factory=dict)  # ... by method

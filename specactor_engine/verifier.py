@@ -33,9 +33,11 @@ class Verifier:
     """Scores drafts with the target and applies the acceptance rule, for one `generate` call."""
 
     def __init__(self, runner: ModelRunner, state: SequenceState, params: SamplingParams, stats: EngineStats,
-                 rejection: bool, vocab_size: int, scratch: torch.Tensor, selector: FastestOfNSelector | None) -> None:
+                 rejection: bool, vocab_size: int, scratch: torch.Tensor, selector: FastestOfNSelector | None,
+                 pack: bool = False) -> None:
         """rejection: classic min(1, p/q) acceptance (else position-keyed); scratch [S]: target-cache slots
-        past the real ones, one per combination candidate."""
+        past the real ones, one per combination candidate; pack: run a ragged block's real tokens only
+        (`_packed_forward`), where padding costs compute (a CPU)."""
         self.runner = runner
         self.state = state
         self.params = params
@@ -44,6 +46,7 @@ class Verifier:
         self.vocab_size = vocab_size
         self.scratch = scratch
         self.selector = selector
+        self.pack = pack
 
     def verify(self, slots: torch.Tensor, drafts: RoundDrafts) -> Verified:
         """One target forward over the rows' drafts (and their candidates, if any)."""
@@ -52,7 +55,10 @@ class Verifier:
         proposal = drafts.proposal
         last = self.state.tokens[slots, self.state.lengths[slots] - 1]  # [R]
         inputs = torch.cat([last[:, None], proposal.token_ids], dim=1)  # [R, k+1]
-        return Verified(self.runner.forward(inputs, slots, proposal.num_tokens + 1), None)  # [R, k+1, V]
+        widths = proposal.num_tokens + 1  # [R]
+        if self.pack and int(widths.sum()) < inputs.numel():
+            return Verified(self.runner.forward_packed(inputs, slots, widths), None)
+        return Verified(self.runner.forward(inputs, slots, widths), None)  # [R, k+1, V]
 
     def accept(self, slots: torch.Tensor, logits: torch.Tensor, drafts: torch.Tensor, num_drafts: torch.Tensor,
                draft_probs: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -113,6 +119,8 @@ class Verifier:
             self.runner.cache.copy_range(int(scratch[i]), int(slots[row]), start, count)
             pick[row] = R + i
             proposal.token_ids[row], proposal.num_tokens[row] = offers.token_ids[i], offers.num_tokens[i]
+            if proposal.confidence is not None:  # the row's own drafter's confidence no longer describes its drafts
+                proposal.confidence[row] = float("nan")
             drafts.sources[row] = methods[i]
         self.runner.set_lengths(scratch, torch.zeros_like(scratch))
         return Verified(logits[pick], own_accepted)

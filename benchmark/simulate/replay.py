@@ -148,6 +148,11 @@ class ReplayRunner:
                 logits[r, torch.arange(width), torch.tensor(wanted)] = 0.0
             return logits
 
+    def forward_packed(self, input_ids: torch.Tensor, slots: torch.Tensor, num_tokens: torch.Tensor) -> torch.Tensor:
+        """A ragged round (the engine's packed verify) priced as its padded block: the replay's cost model is per
+        width, as the startup profile it comes from is."""
+        return self.forward(input_ids, slots, num_tokens)
+
     def _token(self, key: int, position: int) -> int:
         tokens = self.truth[key]
         return tokens[position] if position < len(tokens) else 0

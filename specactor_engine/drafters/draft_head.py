@@ -17,7 +17,7 @@ from torch import nn
 from specactor_engine.drafters.base import DraftRequest
 from specactor_engine.model.draft_vocab import GrowingVocab, SplitHead, lowest_ids_vocab
 from specactor_engine.model.quantize import int8_linear
-from specactor_engine.sampling import STREAM_DRAFT, STREAM_TARGET, sample_tokens, warped_probs
+from specactor_engine.sampling import STREAM_DRAFT, STREAM_TARGET, sample_tokens, scaled_log_softmax, warped_probs
 from specactor_engine.state import SequenceState
 from specactor_engine.types import DraftProposal
 
@@ -85,12 +85,25 @@ class DraftHead:
         return logits
 
     def sample(self, logits: torch.Tensor, state: SequenceState, slots: torch.Tensor, out_pos: torch.Tensor,
-               request: DraftRequest) -> tuple[torch.Tensor, torch.Tensor | None]:
+               request: DraftRequest) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """logits [R, V] (or [R, N] over the compact head's N tokens) at output positions out_pos [R] ->
-        (tokens [R], probs [R, V_target] or None: with the target's noise no probabilities are needed), on
-        the host whatever the logits' device (drafts join the engine's host-side state)."""
+        (tokens [R], probs [R, V_target] or None: with the target's noise no probabilities are needed,
+        confidence [R]: `confidence`), on the host whatever the logits' device (drafts join the engine's
+        host-side state)."""
         tokens, probs = self._sample(logits, state, slots, out_pos, request)
-        return tokens.cpu(), (probs.cpu() if probs is not None else None)
+        confidence = self.confidence(logits, tokens, request.params.temperature)
+        return tokens.cpu(), (probs.cpu() if probs is not None else None), confidence.cpu()
+
+    def confidence(self, logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
+        """The drafter's own probability of each drafted token, softmax(logits / T) over its head (T = 1 when
+        greedy): [R] float32. Draft trimming maps it to a chance of acceptance (policies/draft_trim.py)."""
+        tokens = tokens.to(logits.device)
+        if self.ids is not None:  # the column of each drafted token in the compact head
+            column = (self.ids.to(logits.device)[None, :] == tokens[:, None]).int().argmax(dim=-1)
+        else:
+            column = tokens.clamp_max(logits.shape[-1] - 1)
+        log_probs = scaled_log_softmax(logits, temperature)
+        return log_probs.gather(-1, column[:, None])[:, 0].exp().float()
 
     def _sample(self, logits: torch.Tensor, state: SequenceState, slots: torch.Tensor, out_pos: torch.Tensor,
                 request: DraftRequest) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -111,9 +124,11 @@ class DraftHead:
 
 
 def propose_rows(request: DraftRequest,
-                 draft: Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor | None]]) -> DraftProposal:
+                 draft: Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]]
+                 ) -> DraftProposal:
     """A model drafter's proposal: the rows with a cap drafted together by `draft(slots, k)` (tokens [R', k],
-    probs [R', k, V] or None), every one of them to its cap, laid out in the request's rows [R, k]."""
+    probs [R', k, V] or None, confidence [R', k]), every one of them to its cap, laid out in the request's rows
+    [R, k]."""
     active = request.max_draft_tokens > 0
     slots, caps = request.slots[active], request.max_draft_tokens[active]
     k = int(caps.max()) if len(slots) else 0
@@ -121,8 +136,10 @@ def propose_rows(request: DraftRequest,
                         num_tokens=torch.where(active, request.max_draft_tokens, 0))
     if k == 0:
         return out
-    drafts, probs = draft(slots, k)
+    drafts, probs, confidence = draft(slots, k)
     out.token_ids[active] = drafts
+    out.confidence = torch.full((len(request.slots), k), float("nan"))
+    out.confidence[active] = confidence
     if probs is not None:
         out.probs = torch.zeros(len(request.slots), k, probs.shape[-1], dtype=probs.dtype)
         out.probs[active] = probs

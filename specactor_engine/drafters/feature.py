@@ -149,8 +149,8 @@ class FeatureDrafter(Drafter):
         return propose_rows(request, lambda slots, k: self._draft(state, slots, k, request))
 
     def _draft(self, state: SequenceState, slots: torch.Tensor, k: int, request: DraftRequest
-               ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """k draft steps for `slots`: tokens [R, k], probs [R, k, V] or None."""
+               ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """k draft steps for `slots`: tokens [R, k], probs [R, k, V] or None, confidence [R, k]."""
         self.runner.head = self.head.module()
         committed = state.lengths[slots]
         # a row drafted again before anything was committed re-feeds its newest position (same result)
@@ -158,11 +158,12 @@ class FeatureDrafter(Drafter):
         self._catch_up(state, slots, committed, k)
         logits, features = self._feed(state, slots, committed, "last")  # at position n - 1: predicts token n
         out_pos = state.output_positions(slots)
-        tokens, all_probs = [], []
+        tokens, all_probs, confidence = [], [], []
         for step in range(k):
-            token, probs = self.head.sample(logits, state, slots, out_pos + step, request)
+            token, probs, sure = self.head.sample(logits, state, slots, out_pos + step, request)
             tokens.append(token)
             all_probs.append(probs)
+            confidence.append(sure)
             if step + 1 < k:  # the next position's input: the draft and this position's predicted feature
                 x = self._inputs(token[:, None], features[:, None])
                 logits, features = self.runner.forward(token[:, None], slots, embeds=x, logits_at="last",
@@ -170,7 +171,8 @@ class FeatureDrafter(Drafter):
                 self.runner.commit(slots, torch.ones_like(slots))
         self.runner.set_lengths(slots, committed)  # drop the draft positions (fed predicted features)
         drafts = torch.stack(tokens, dim=1)
-        return drafts, (torch.stack(all_probs, dim=1) if all_probs[0] is not None else None)
+        return drafts, (torch.stack(all_probs, dim=1) if all_probs[0] is not None else None), \
+            torch.stack(confidence, dim=1)
 
     def _catch_up(self, state: SequenceState, slots: torch.Tensor, committed: torch.Tensor, k: int) -> None:
         """Rows that fell behind (rounds drafted by another method) are fed up to their last k + 1 committed

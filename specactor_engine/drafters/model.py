@@ -184,8 +184,8 @@ class ModelDrafter(Drafter):
         return propose_rows(request, lambda slots, k: self._draft(state, slots, k, request))
 
     def _draft(self, state: SequenceState, slots: torch.Tensor, k: int, request: DraftRequest
-               ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """k autoregressive draft steps for `slots`: tokens [R, k], probs [R, k, V] or None."""
+               ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """k autoregressive draft steps for `slots`: tokens [R, k], probs [R, k, V] or None, confidence [R, k]."""
         self._refresh_head()
         self._catch_up(state, slots, k)
         start = self.runner.lengths[slots].clone()
@@ -193,11 +193,12 @@ class ModelDrafter(Drafter):
         logits = self.runner.forward(pending, slots, counts, logits_at="last")
         self.runner.commit(slots, counts)
         out_pos = state.output_positions(slots)
-        tokens, step_probs, all_probs = [], [], []
+        tokens, step_probs, all_probs, confidence = [], [], [], []
         for step in range(k):
-            token, probs = self.head.sample(logits, state, slots, out_pos + step, request)
+            token, probs, sure = self.head.sample(logits, state, slots, out_pos + step, request)
             tokens.append(token)
             all_probs.append(probs)
+            confidence.append(sure)
             if step + 1 < k:
                 logits = self.runner.forward(token[:, None], slots, logits_at="last")
                 self.runner.commit(slots, torch.ones_like(slots))
@@ -208,7 +209,7 @@ class ModelDrafter(Drafter):
             self._fed = torch.zeros(self._fed.shape[0], k - 1, dtype=torch.long)
         self._fed[slots, : k - 1] = drafts[:, : k - 1]
         probs_out = torch.stack(all_probs, dim=1) if all_probs[0] is not None else None
-        return drafts, probs_out
+        return drafts, probs_out, torch.stack(confidence, dim=1)
 
     def _catch_up(self, state: SequenceState, slots: torch.Tensor, k: int) -> None:
         """Feed rows that fell behind (rounds drafted by another method) up to their last k + 1 committed

@@ -259,7 +259,8 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, slots: torch.Tensor, num_tokens: torch.Tensor | None = None,
                 logits_at: str = "all", embeds: torch.Tensor | None = None,
-                return_features: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+                return_features: bool = False, offsets: torch.Tensor | None = None
+                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Append `input_ids` after each slot's committed length and return logits.
 
         input_ids: [R, T] (rows right-padded; pad positions write scratch KV only)
@@ -269,12 +270,17 @@ class ModelRunner:
         embeds: [R, T, d] the first layer's input instead of the token embeddings (a feature-level drafter)
         return_features: also return the normalised final hidden states where the logits are ([R, T, d] or
                    [R, d]): (logits, features)
+        offsets: [R] each row's first token goes this many positions past its slot's committed length (default 0).
+                   A ragged block packed as one token per row (`packed_positions`): a slot may then appear in
+                   several rows, each at its own position; every row's keys are written before any attends.
         The committed lengths are NOT advanced: callers commit with `commit`. With `record_features` every
         position's features are written to the cache beside its keys.
         """
         R, T = input_ids.shape
         start = self.cache.lengths[slots]  # [R]
         positions = start[:, None] + torch.arange(T)[None, :]  # [R, T]
+        if offsets is not None:
+            positions = positions + offsets[:, None]
         if int(positions.max()) >= self.cache.max_len:
             raise RuntimeError(f"KV cache overflow: position {int(positions.max())} >= {self.cache.max_len}")
         inner = self.model.model
@@ -307,6 +313,22 @@ class ModelRunner:
         features = h if normed else inner.norm(h)
         logits = self._lm_head()(features)
         return (logits, features) if return_features else logits
+
+    def forward_packed(self, input_ids: torch.Tensor, slots: torch.Tensor, num_tokens: torch.Tensor) -> torch.Tensor:
+        """`forward` of a ragged block over its real tokens only: input_ids [R, T], num_tokens [R] -> logits [R, T, V]
+        (zeros at the pad positions, which nothing reads).
+
+        Past the compute ridge (a CPU's few rows: a width-3 verify of 4 rows is compute-bound on trace D) a padded
+        token costs what a real one does; packed as one token per forward row, each at its own position of its slot
+        (`offsets`), a row of w tokens costs w. The logits at the real positions are the padded block's up to the
+        GEMMs' summation order (BLAS and oneDNN block a matmul's rows by their count), as a decode step's and a verify
+        block's are: tests/engine/test_draft_trim.py."""
+        R, T = input_ids.shape
+        rows, cols = (torch.arange(T)[None, :] < num_tokens[:, None]).nonzero(as_tuple=True)  # [N] each
+        logits = self.forward(input_ids[rows, cols][:, None], slots[rows], offsets=cols)  # [N, 1, V]
+        out = logits.new_zeros(R, T, logits.shape[-1])
+        out[rows.to(out.device), cols.to(out.device)] = logits[:, 0]
+        return out
 
     def _fused_layers(self, h: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
                       rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None) -> torch.Tensor:

@@ -18,6 +18,7 @@ import platform
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from specactor_engine.model.runner import ModelRunner
@@ -30,6 +31,7 @@ logger = logging.getLogger(__name__)
 # with older code then no longer match and are measured again.
 COST_MODEL_VERSION = 4  # 2: bf16/fp16 attention by fp32 batched matmuls; 3: packed linears, paged attention;
 # 4: the decoder layers' elementwise ops fused (kernels/decode_ops.py)
+PACKED_MAX_ROWS = 8  # packed rounds are measured token by token up to this batch size (draft trimming: few rows)
 PROFILE_CONTEXT = 256  # committed tokens per row while profiling (a mid-rollout length)
 SHORT_CONTEXT = 128  # the profile's shorter context
 CONTEXT_BUCKET = 256  # the longer context is the rollout's longest, rounded up to a multiple of this
@@ -60,14 +62,17 @@ def cpu_model() -> str:
 
 
 def profile_key(runner: ModelRunner, batches: tuple[int, ...], widths: tuple[int, ...],
-                context: int | tuple[int, ...]) -> str:
-    """A digest of everything the verify cost depends on besides the weights' values."""
+                context: int | tuple[int, ...], packed: bool = False) -> str:
+    """A digest of everything the verify cost depends on besides the weights' values (and whether packed rounds
+    were measured)."""
     facts = {
         "architecture": runner.model.config.to_dict(), "dtype": str(runner.dtype), "device": str(runner.device),
         "threads": torch.get_num_threads(), "cpu": cpu_model(), "torch": torch.__version__,
         "batches": batches, "widths": widths, "context": context, "version": COST_MODEL_VERSION,
         "cpu_kernels": [runner.projections is not None, runner.paged_attention],
     }
+    if packed:  # profiles without packed rounds keep their keys (and caches)
+        facts["packed"] = PACKED_MAX_ROWS
     return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -78,41 +83,65 @@ def synchronize(device: torch.device) -> None:
 
 
 def measure_verify_costs(runner: ModelRunner, batches: tuple[int, ...], widths: tuple[int, ...],
-                         context: int = PROFILE_CONTEXT) -> CostTable:
-    """Time forward + sampling for every (batch, width); leaves the runner's cache to be re-allocated."""
+                         context: int = PROFILE_CONTEXT, packed: bool = False) -> CostTable:
+    """Time forward + sampling for every (batch, width), and with `packed` every packed round (`CostTable.packed`) of
+    the batch sizes up to PACKED_MAX_ROWS on a CPU; leaves the runner's cache to be re-allocated."""
     runner.allocate(max(batches), context + max(widths))
     params = SamplingParams(temperature=1.0, top_k=0, top_p=1.0)
     generator = torch.Generator().manual_seed(0)
-    seconds = []
+    seconds, packed = [], []
     for rows in batches:
         slots = torch.arange(rows)
         keys = torch.arange(rows, dtype=torch.long)
         row_costs = []
         for width in widths:
             tokens = torch.randint(runner.vocab_size, (rows, width), generator=generator)
-            positions = torch.full((rows, 1), context) + torch.arange(width)[None, :]
-            timings = []
-            for _ in range(REPEATS + 1):  # the first is a warm-up
-                runner.set_lengths(slots, torch.full((rows,), context))
-                synchronize(runner.device)
-                started = time.perf_counter()
-                logits = runner.forward(tokens, slots, torch.full((rows,), width))
-                sample_tokens(logits, params, keys, positions)
-                synchronize(runner.device)  # a GPU's kernels run asynchronously: wait for them before timing
-                timings.append(time.perf_counter() - started)
-            row_costs.append(min(timings[1:]))
+            row_costs.append(_timed_round(runner, tokens, slots, keys, torch.full((rows,), width), context, params))
         seconds.append(tuple(row_costs))
+        packing = packed and runner.device.type == "cpu" and 1 < rows <= PACKED_MAX_ROWS
+        timed = [_timed_round(runner, torch.randint(runner.vocab_size, (rows, max(widths)), generator=generator),
+                              slots, keys, _spread(total, rows), context, params)
+                 for total in range(rows, rows * max(widths) + 1)] if packing else []
+        # a token more never costs less: the running maximum keeps a timing's noise (a few ms) from pricing a cut
+        packed.append(tuple(np.maximum.accumulate(timed).tolist()) if timed else ())
     runner.set_lengths(torch.arange(max(batches)), torch.zeros(max(batches), dtype=torch.long))
-    return CostTable(batches, widths, tuple(seconds), context)
+    return CostTable(batches, widths, tuple(seconds), context, tuple(packed) if any(packed) else ())
+
+
+def _spread(total: int, rows: int) -> torch.Tensor:
+    """`total` tokens over `rows` rows as evenly as possible: widths [rows]."""
+    return torch.full((rows,), total // rows) + (torch.arange(rows) < total % rows).long()
+
+
+def _timed_round(runner: ModelRunner, tokens: torch.Tensor, slots: torch.Tensor, keys: torch.Tensor,
+                 widths: torch.Tensor, context: int, params: SamplingParams) -> float:
+    """The least of REPEATS timings (after a warm-up) of a verify round: the forward of tokens [R, T] whose rows
+    have `widths` real tokens (packed as the verifier packs a ragged block: verifier.py) and the sampling."""
+    R, T = tokens.shape
+    positions = torch.full((R, 1), context) + torch.arange(T)[None, :]
+    timings = []
+    for _ in range(REPEATS + 1):  # the first is a warm-up
+        runner.set_lengths(slots, torch.full((R,), context))
+        synchronize(runner.device)
+        started = time.perf_counter()
+        if int(widths.sum()) < tokens.numel():
+            logits = runner.forward_packed(tokens, slots, widths)
+        else:
+            logits = runner.forward(tokens, slots, widths)
+        sample_tokens(logits, params, keys, positions)
+        synchronize(runner.device)  # a GPU's kernels run asynchronously: wait for them before timing
+        timings.append(time.perf_counter() - started)
+    return min(timings[1:])
 
 
 def load_or_measure(runner: ModelRunner, max_rows: int, max_k: int, cache_dir: Path | None = None,
-                    max_context: int = PROFILE_CONTEXT) -> CostProfile:
-    """The cached cost profile for this model and machine, measuring (and caching) it if absent."""
+                    max_context: int = PROFILE_CONTEXT, packed: bool = False) -> CostProfile:
+    """The cached cost profile for this model and machine, measuring (and caching) it if absent; packed: with
+    packed rounds (draft trimming prices its cuts with them)."""
     from specactor_engine.model.registry import default_cache_dir
 
     batches, widths, contexts = profile_batches(max_rows), tuple(range(1, max_k + 2)), profile_contexts(max_context)
-    key = profile_key(runner, batches, widths, contexts)
+    key = profile_key(runner, batches, widths, contexts, packed)
     path = (cache_dir or default_cache_dir()) / "cost_profiles" / f"{key}.json"
     if path.exists():
         try:
@@ -120,7 +149,7 @@ def load_or_measure(runner: ModelRunner, max_rows: int, max_k: int, cache_dir: P
         except (ValueError, KeyError, TypeError, json.JSONDecodeError) as exc:
             logger.warning("ignoring unreadable cost profile %s (%s); measuring again", path, exc)
     started = time.perf_counter()
-    profile = CostProfile(tuple(measure_verify_costs(runner, batches, widths, c) for c in contexts))
+    profile = CostProfile(tuple(measure_verify_costs(runner, batches, widths, c, packed) for c in contexts))
     profile.save(path)
     logger.info("profiled verify cost for batches %s x widths %s x contexts %s in %.1f s -> %s", batches, widths,
                 contexts, time.perf_counter() - started, path)

@@ -80,12 +80,33 @@ class CostTable:
     widths: tuple[int, ...]
     seconds: tuple[tuple[float, ...], ...]
     context: int = 0  # committed tokens per row when measured (0: unknown)
+    # packed[b][n]: a packed round (ModelRunner.forward_packed) of batch_sizes[b] rows and batch_sizes[b] + n real
+    # tokens, n = 0 .. batch_sizes[b] x (widths[-1] - 1); () for a batch size not measured so (`packed_cost`)
+    packed: tuple[tuple[float, ...], ...] = ()
 
     def __post_init__(self) -> None:
         if list(self.batch_sizes) != sorted(set(self.batch_sizes)) or not self.batch_sizes:
             raise ValueError(f"batch_sizes must be ascending and distinct, got {self.batch_sizes}")
         if len(self.seconds) != len(self.batch_sizes) or any(len(r) != len(self.widths) for r in self.seconds):
             raise ValueError("seconds must be [len(batch_sizes)][len(widths)]")
+        if self.packed and len(self.packed) != len(self.batch_sizes):
+            raise ValueError("packed must be [len(batch_sizes)][...] (or empty)")
+
+    def packed_cost(self, rows: int, tokens: int, context: int | None = None) -> float:
+        """Seconds of a packed round of `rows` rows and `tokens` real tokens (rows <= tokens): measured where `rows`
+        is a batch size measured so, else the round of width tokens / rows, interpolated between the two widths
+        around it. The measured cost is not linear in tokens: oneDNN blocks a GEMM's rows (on the AMD EPYC of
+        session 32, 4, 5 and 6 tokens of Qwen2.5-1.5B cost the same ~118 ms, and 13 cost 16 ms more than 12). (One
+        table has one context: `context` is accepted for the `CostProfile` interface and ignored.)"""
+        if rows in self.batch_sizes and self.packed:
+            measured = self.packed[self.batch_sizes.index(rows)]
+            if 0 <= tokens - rows < len(measured):
+                return measured[tokens - rows]
+        width = min(max(tokens / max(rows, 1), self.widths[0]), self.widths[-1])
+        lo = max(w for w in self.widths if w <= width)
+        hi = min(w for w in self.widths if w >= width)
+        c0, c1 = self.cost(rows, lo), self.cost(rows, hi)
+        return c0 if hi == lo else c0 + (c1 - c0) * (width - lo) / (hi - lo)
 
     @property
     def max_context(self) -> int:
@@ -105,12 +126,13 @@ class CostTable:
 
     def to_dict(self) -> dict[str, Any]:
         return {"batch_sizes": list(self.batch_sizes), "widths": list(self.widths),
-                "seconds": [list(r) for r in self.seconds], "context": self.context}
+                "seconds": [list(r) for r in self.seconds], "context": self.context,
+                "packed": [list(r) for r in self.packed]}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "CostTable":
         return cls(tuple(data["batch_sizes"]), tuple(data["widths"]), tuple(tuple(r) for r in data["seconds"]),
-                   int(data.get("context", 0)))
+                   int(data.get("context", 0)), tuple(tuple(r) for r in data.get("packed", ())))
 
     def save(self, path: Path) -> None:
         _write_json(path, self.to_dict())
@@ -167,6 +189,16 @@ class CostProfile:
         i = min(bisect.bisect_left([t.context for t in tables], context), len(tables) - 1)
         lo, hi = tables[i - 1], tables[i]
         c0, c1 = lo.cost(rows, width), hi.cost(rows, width)
+        return max(c0 + (c1 - c0) * (context - lo.context) / (hi.context - lo.context), 1e-9)
+
+    def packed_cost(self, rows: int, tokens: int, context: int | None = None) -> float:
+        """`CostTable.packed_cost` after `context` committed tokens, interpolated in context as `cost` is."""
+        tables = self.tables
+        if context is None or len(tables) == 1 or context <= tables[0].context:
+            return tables[0].packed_cost(rows, tokens)
+        i = min(bisect.bisect_left([t.context for t in tables], context), len(tables) - 1)
+        lo, hi = tables[i - 1], tables[i]
+        c0, c1 = lo.packed_cost(rows, tokens), hi.packed_cost(rows, tokens)
         return max(c0 + (c1 - c0) * (context - lo.context) / (hi.context - lo.context), 1e-9)
 
     def to_dict(self) -> dict[str, Any]:
@@ -411,6 +443,11 @@ class VerifyLengthPolicy:
         if keyed is None or not any(r == keyed for r, _, _ in self.scale):
             keyed = regime
         return self.cost.cost(rows, k + 1, context) * self.calibration(k + 1, keyed, rows)
+
+    def packed_verify_seconds(self, rows: int, tokens: int, context: int | None = None, regime: str = "") -> float:
+        """Predicted seconds of a packed verify round of `rows` rows and `tokens` real tokens (draft trimming:
+        policies/draft_trim.py), scaled as plain rounds are (trimmed rounds must not price their own cut)."""
+        return self.cost.packed_cost(rows, tokens, context) * self.calibration(1, regime, rows)
 
     def idle_and_costly(self, method: str, rows: int) -> bool:
         """`method` is not in use and drafts a position in more than `idle_share` of a width-1 round of `rows`

@@ -24,6 +24,7 @@ EXPECTED = {
     "coupled-ngram": ("coupled", ["ngram"], ["ngram"], "dynamic", False, True),
     "coupled-cheap": ("coupled", ["model"], None, "dynamic", False, True),
     "coupled-feature": ("coupled", None, None, "dynamic", False, True),  # needs --feature-drafter (own test)
+    "coupled-feature-trimmed": ("coupled", None, None, "dynamic", False, True),  # the same, and draft trimming
     "decoupled": ("decoupled", [], None, "dynamic", True, True),
     "specactor": ("specactor", ["model", "suffix", "ngram"], ["suffix", "ngram"], "dynamic", True, True),
     "oracle": ("coupled", ["suffix", "ngram"], ["suffix", "ngram"], "fixed", False, True),
@@ -49,7 +50,7 @@ def specs(tmp_path: Path) -> dict[bool, RunSpec]:
 
 def test_every_system_name_is_registered_in_order():
     assert list(SYSTEMS) == ["hf", "ar", "ar-torch", "coupled", "coupled-dynamic", "coupled-suffix", "coupled-ngram",
-                             "coupled-cheap", "coupled-feature", "decoupled", "specactor", "oracle", "oracle-dynamic", "vllm", "vllm-spec", "vllm-ngram"]
+                             "coupled-cheap", "coupled-feature", "coupled-feature-trimmed", "decoupled", "specactor", "oracle", "oracle-dynamic", "vllm", "vllm-spec", "vllm-ngram"]
     assert [name for name, entry in SYSTEMS.items() if entry.needs_reference] == ["oracle", "oracle-dynamic"]
     assert system_unavailable("ar") is None and system_unavailable("nothing") is None
 
@@ -69,8 +70,11 @@ def test_each_engine_row_configures_the_engine_like_before(variant, specs):
         assert rollout.num_draft_tokens == 3 and rollout.max_batch_size == ALL_AT_ONCE
         # every setting a row does not name is the config's own default
         defaults = RolloutConfig()
-        assert (rollout.combine_below, rollout.shadow_rows, rollout.acceptance, rollout.selection) == \
-            (defaults.combine_below, defaults.shadow_rows, defaults.acceptance, defaults.selection)
+        assert (rollout.combine_below, rollout.shadow_rows, rollout.acceptance, rollout.selection,
+                rollout.packed_verify) == \
+            (defaults.combine_below, defaults.shadow_rows, defaults.acceptance, defaults.selection,
+             defaults.packed_verify)
+        assert rollout.draft_trimming == (variant.name == "coupled-feature-trimmed")
 
 
 @pytest.mark.parametrize("name", ["decoupled", "coupled-cheap"])
@@ -107,6 +111,9 @@ def test_a_feature_drafter_joins_specactor_and_is_coupled_feature_s_only_method(
     assert kinds == ["model", "feature", "suffix", "ngram"]
     with pytest.raises(RuntimeError, match="--feature-drafter DIR"):
         EngineSystem(by_name["coupled-feature"], specs[True])
+    trimmed = engine_config(by_name["coupled-feature-trimmed"], spec).rollout
+    assert [(d.kind, d.path) for d in trimmed.drafters] == [("feature", str(tmp_path / "fd"))]
+    assert trimmed.draft_trimming and not engine_config(by_name["coupled-feature"], spec).rollout.draft_trimming
 
 
 def test_vllm_speculation_follows_the_row(specs):
