@@ -209,9 +209,10 @@ class RolloutConfig(_Frozen):
         "drafts). Off by default: on trace D (4 rows, the feature drafter) it measured level with untrimmed rounds "
         "(docs/architecture.md 8.6).")
     packed_verify: bool = Field(
-        True, description="On a CPU, a verify round whose rows verify different numbers of drafts runs their real "
-        "tokens only, one token per row of the forward, instead of padding every row to the widest (past the "
-        "compute ridge a padded token costs what a real one does). The logits are the same either way.")
+        True, description="On a CPU, a verify round of at most 8 rows whose rows verify different numbers of drafts "
+        "runs their real tokens only, one token per row of the forward, instead of padding every row to the widest "
+        "(past the compute ridge a padded token costs what a real one does). The logits are the same either way, up "
+        "to the GEMMs' summation order.")
     decoupled: DecoupledConfig = Field(default_factory=DecoupledConfig, description="Settings of mode 'decoupled'.")
     replicas: int = Field(1, ge=1, le=64, description="Rollout engines: 1 is the in-process engine; N > 1 runs N "
                           "engines as Ray actors (replicas.py), each with its own threads and drafters; a call's "

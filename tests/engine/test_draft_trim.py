@@ -161,3 +161,35 @@ def test_trimmed_rounds_emit_what_plain_decoding_does(target, temperature):
                             verify_length="dynamic", draft_trimming=False).generate(requests, params)
     assert untrimmed.stats.trimmed_tokens == 0
     assert token_ids(untrimmed) == reference
+
+
+def test_only_ragged_rounds_of_a_few_rows_are_packed():
+    """Up to verifier.PACK_MAX_ROWS rows a ragged round runs packed; above it (and for a uniform round) padded: the
+    verify length prices rounds by their padded width (docs/architecture.md 8.6)."""
+    from specactor_engine.proposer import RoundDrafts
+    from specactor_engine.state import SequenceState
+    from specactor_engine.types import DraftProposal, EngineStats
+    from specactor_engine.verifier import PACK_MAX_ROWS, Verifier
+
+    calls = []
+
+    class Spy:
+        device = torch.device("cpu")
+
+        def forward(self, inputs, slots, num_tokens):
+            calls.append("padded")
+            return torch.zeros(*inputs.shape, 5)
+
+        def forward_packed(self, inputs, slots, num_tokens):
+            calls.append("packed")
+            return torch.zeros(*inputs.shape, 5)
+
+    state = SequenceState.allocate(2 * PACK_MAX_ROWS, 8)
+    state.lengths[:] = 1
+    verifier = Verifier(Spy(), state, None, EngineStats(), False, 5, torch.zeros(0, dtype=torch.long), None, pack=True)
+    for rows, ragged in ((PACK_MAX_ROWS, True), (PACK_MAX_ROWS, False), (PACK_MAX_ROWS + 1, True)):
+        num = torch.full((rows,), 2)
+        num[0] -= int(ragged)
+        drafts = RoundDrafts(DraftProposal(torch.ones(rows, 2, dtype=torch.long), num), [None] * rows, num)
+        verifier.verify(torch.arange(rows), drafts)
+    assert calls == ["packed", "padded", "padded"]
