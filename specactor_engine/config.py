@@ -209,7 +209,7 @@ class RolloutConfig(_Frozen):
         "drafts). Off by default: on trace D (4 rows, the feature drafter) it measured level with untrimmed rounds "
         "(docs/architecture.md 8.6).")
     packed_verify: bool = Field(
-        True, description="On a CPU, a verify round of at most 8 rows whose rows verify different numbers of drafts "
+        True, description="On a CPU, a verify round of at most 32 rows whose rows verify different numbers of drafts "
         "runs their real tokens only, one token per row of the forward, instead of padding every row to the widest "
         "(past the compute ridge a padded token costs what a real one does). The logits are the same either way, up "
         "to the GEMMs' summation order.")

@@ -31,7 +31,7 @@ from specactor_engine.sampling import SamplingParams, scaled_log_softmax, token_
 from specactor_engine.state import SequenceState
 from specactor_engine.stopping import StopRules, find_stop_string, truncate_emitted
 from specactor_engine.types import DraftProposal, EngineStats, Request
-from specactor_engine.verifier import Verifier
+from specactor_engine.verifier import PACK_MAX_ROWS, Verifier
 
 TRIM_HEAP_EVERY = 32  # rounds between returning freed heap memory to the OS (~5 ms each)
 COMBINE_MAX_EXTRA = 0.1  # combination's candidate rows may add at most this share to a round's predicted cost
@@ -321,7 +321,7 @@ class Run:
         whose chance of being reached and accepted pays for their verify time, the rest cut."""
         proposal, calibration, policy = drafts.proposal, self.engine.trim_calibration, plan.policy
         if calibration is None or policy is None or plan.cap == 0 or proposal.confidence is None \
-                or not self.verifier.pack:
+                or not self.verifier.pack or len(plan.slots) > PACK_MAX_ROWS:  # a cut saves nothing in a padded round
             return
         rows, regime = len(plan.slots), plan.arm or ""
 

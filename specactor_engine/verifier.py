@@ -21,12 +21,12 @@ from specactor_engine.state import SequenceState
 from specactor_engine.types import EngineStats
 
 
-# Packed verify rounds (ModelRunner.forward_packed) only up to this many rows: the per-worker regime, where a padded
-# token of a compute-bound verify costs what a real one does. Above it the dynamic verify length prices a round by its
-# padded width; packed, trace C's ragged k = 1 rounds at 96-128 rows (half the rows drafting) looked cheaper to its
-# calibration than they were, and it chose them: 359 ms for 121 tokens against 215 ms for 102 plain, `specactor`
-# 0.91x `ar` against 1.05x padded (session 32).
-PACK_MAX_ROWS = 8
+# Packed verify rounds (ModelRunner.forward_packed) only up to this many rows. The dynamic verify length prices a
+# round by its padded width; packed, trace C's ragged k = 1 rounds at 96-127 rows (half the rows drafting) looked
+# cheaper to its calibration than they were, and it chose them: 359 ms for 121 tokens against 215 ms for 102 plain,
+# `specactor` 0.91x `ar` (padded: 1.03-1.05x). Trace A's 32-row rounds packed: 1.02x in every repeat; padded 0.97x
+# (session 32).
+PACK_MAX_ROWS = 32
 
 
 @dataclass
