@@ -88,6 +88,7 @@ class Proposer:
                  shadows: ShadowBook | None, shadow_rows: int, rejection: bool, vocab_size: int,
                  output_of: Callable[[int], tuple[list[int], int, bool]]) -> None:
         """output_of(slot): the row's (output ids, sequence key, finished), for shadow drafts."""
+        self.confidence = False  # ask model drafters for their confidence (draft trimming: run.py sets it)
         self.state = state
         self.params = params
         self.stats = stats
@@ -273,7 +274,8 @@ class Proposer:
                 continue
             shadowing = full_caps is not None and drafter.model_free
             asked = full_caps[rows] if shadowing else caps[rows]
-            request = DraftRequest(slots[rows], asked, self.params, coupled_noise=not self.rejection)
+            request = DraftRequest(slots[rows], asked, self.params, coupled_noise=not self.rejection,
+                                   confidence=self.confidence)
             started = clock.now()
             proposal = drafter.propose(self.state, request)
             if shadowing:  # drafted to the cap: what this round does not verify is scored as a shadow

@@ -140,6 +140,7 @@ class Run:
                                  self._output_of)
         self.verifier = Verifier(self.runner, self.state, self.params, stats, rejection, engine.vocab_size,
                                  self.scratch, selector, pack=engine.packed_verify and self.runner.device.type == "cpu")
+        self.proposer.confidence = engine.trim_calibration is not None and self.verifier.pack
         if self.coordinator is not None:
             spec = SamplingSpec(sampling.temperature, sampling.top_k, sampling.top_p, sampling.max_new_tokens)
             self.coordinator.reset(num_slots, max_len, spec, window=2 * engine.num_draft_tokens,

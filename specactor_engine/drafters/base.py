@@ -28,12 +28,15 @@ class DraftRequest:
     coupled_noise:    True -> draw tokens with the target's position-keyed noise
                       (position-keyed acceptance); False -> independent draft noise and
                       return draft probabilities (classic rejection sampling)
+    confidence:       also return each drafted token's probability under the drafter (model drafters;
+                      draft trimming reads it: policies/draft_trim.py)
     """
 
     slots: torch.Tensor
     max_draft_tokens: torch.Tensor
     params: SamplingParams
     coupled_noise: bool = True
+    confidence: bool = False
 
 
 @dataclass(frozen=True)

@@ -85,14 +85,14 @@ class DraftHead:
         return logits
 
     def sample(self, logits: torch.Tensor, state: SequenceState, slots: torch.Tensor, out_pos: torch.Tensor,
-               request: DraftRequest) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+               request: DraftRequest) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """logits [R, V] (or [R, N] over the compact head's N tokens) at output positions out_pos [R] ->
         (tokens [R], probs [R, V_target] or None: with the target's noise no probabilities are needed,
-        confidence [R]: `confidence`), on the host whatever the logits' device (drafts join the engine's
-        host-side state)."""
+        confidence [R] (`confidence`) where the request asks for it, else None), on the host whatever the
+        logits' device (drafts join the engine's host-side state)."""
         tokens, probs = self._sample(logits, state, slots, out_pos, request)
-        confidence = self.confidence(logits, tokens, request.params.temperature)
-        return tokens.cpu(), (probs.cpu() if probs is not None else None), confidence.cpu()
+        confidence = self.confidence(logits, tokens, request.params.temperature).cpu() if request.confidence else None
+        return tokens.cpu(), (probs.cpu() if probs is not None else None), confidence
 
     def confidence(self, logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
         """The drafter's own probability of each drafted token, softmax(logits / T) over its head (T = 1 when
@@ -124,11 +124,11 @@ class DraftHead:
 
 
 def propose_rows(request: DraftRequest,
-                 draft: Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]]
+                 draft: Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]]
                  ) -> DraftProposal:
     """A model drafter's proposal: the rows with a cap drafted together by `draft(slots, k)` (tokens [R', k],
-    probs [R', k, V] or None, confidence [R', k]), every one of them to its cap, laid out in the request's rows
-    [R, k]."""
+    probs [R', k, V] or None, confidence [R', k] or None), every one of them to its cap, laid out in the
+    request's rows [R, k]."""
     active = request.max_draft_tokens > 0
     slots, caps = request.slots[active], request.max_draft_tokens[active]
     k = int(caps.max()) if len(slots) else 0
@@ -138,8 +138,9 @@ def propose_rows(request: DraftRequest,
         return out
     drafts, probs, confidence = draft(slots, k)
     out.token_ids[active] = drafts
-    out.confidence = torch.full((len(request.slots), k), float("nan"))
-    out.confidence[active] = confidence
+    if confidence is not None:
+        out.confidence = torch.full((len(request.slots), k), float("nan"))
+        out.confidence[active] = confidence
     if probs is not None:
         out.probs = torch.zeros(len(request.slots), k, probs.shape[-1], dtype=probs.dtype)
         out.probs[active] = probs

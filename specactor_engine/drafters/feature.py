@@ -149,8 +149,8 @@ class FeatureDrafter(Drafter):
         return propose_rows(request, lambda slots, k: self._draft(state, slots, k, request))
 
     def _draft(self, state: SequenceState, slots: torch.Tensor, k: int, request: DraftRequest
-               ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-        """k draft steps for `slots`: tokens [R, k], probs [R, k, V] or None, confidence [R, k]."""
+               ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """k draft steps for `slots`: tokens [R, k], probs [R, k, V] or None, confidence [R, k] or None."""
         self.runner.head = self.head.module()
         committed = state.lengths[slots]
         # a row drafted again before anything was committed re-feeds its newest position (same result)
@@ -172,7 +172,7 @@ class FeatureDrafter(Drafter):
         self.runner.set_lengths(slots, committed)  # drop the draft positions (fed predicted features)
         drafts = torch.stack(tokens, dim=1)
         return drafts, (torch.stack(all_probs, dim=1) if all_probs[0] is not None else None), \
-            torch.stack(confidence, dim=1)
+            (torch.stack(confidence, dim=1) if confidence[0] is not None else None)
 
     def _catch_up(self, state: SequenceState, slots: torch.Tensor, committed: torch.Tensor, k: int) -> None:
         """Rows that fell behind (rounds drafted by another method) are fed up to their last k + 1 committed

@@ -184,8 +184,8 @@ class ModelDrafter(Drafter):
         return propose_rows(request, lambda slots, k: self._draft(state, slots, k, request))
 
     def _draft(self, state: SequenceState, slots: torch.Tensor, k: int, request: DraftRequest
-               ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-        """k autoregressive draft steps for `slots`: tokens [R, k], probs [R, k, V] or None, confidence [R, k]."""
+               ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """k autoregressive draft steps for `slots`: tokens [R, k], probs [R, k, V] or None, confidence [R, k] or None."""
         self._refresh_head()
         self._catch_up(state, slots, k)
         start = self.runner.lengths[slots].clone()
@@ -209,7 +209,7 @@ class ModelDrafter(Drafter):
             self._fed = torch.zeros(self._fed.shape[0], k - 1, dtype=torch.long)
         self._fed[slots, : k - 1] = drafts[:, : k - 1]
         probs_out = torch.stack(all_probs, dim=1) if all_probs[0] is not None else None
-        return drafts, probs_out, torch.stack(confidence, dim=1)
+        return drafts, probs_out, (torch.stack(confidence, dim=1) if confidence[0] is not None else None)
 
     def _catch_up(self, state: SequenceState, slots: torch.Tensor, k: int) -> None:
         """Feed rows that fell behind (rounds drafted by another method) up to their last k + 1 committed

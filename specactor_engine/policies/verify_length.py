@@ -183,22 +183,20 @@ class CostProfile:
     def cost(self, rows: int, width: int, context: int | None = None) -> float:
         """Seconds of a round of `rows` x `width` tokens after `context` committed tokens (the
         batch's longest; None: the shortest measured context)."""
-        tables = self.tables
-        if context is None or len(tables) == 1 or context <= tables[0].context:
-            return tables[0].cost(rows, width)
-        i = min(bisect.bisect_left([t.context for t in tables], context), len(tables) - 1)
-        lo, hi = tables[i - 1], tables[i]
-        c0, c1 = lo.cost(rows, width), hi.cost(rows, width)
-        return max(c0 + (c1 - c0) * (context - lo.context) / (hi.context - lo.context), 1e-9)
+        return self._in_context(context, lambda table: table.cost(rows, width))
 
     def packed_cost(self, rows: int, tokens: int, context: int | None = None) -> float:
         """`CostTable.packed_cost` after `context` committed tokens, interpolated in context as `cost` is."""
+        return self._in_context(context, lambda table: table.packed_cost(rows, tokens))
+
+    def _in_context(self, context: int | None, seconds: Callable[[CostTable], float]) -> float:
+        """A table's `seconds` at `context`: interpolated between the tables around it (the shortest's below it)."""
         tables = self.tables
         if context is None or len(tables) == 1 or context <= tables[0].context:
-            return tables[0].packed_cost(rows, tokens)
+            return seconds(tables[0])
         i = min(bisect.bisect_left([t.context for t in tables], context), len(tables) - 1)
         lo, hi = tables[i - 1], tables[i]
-        c0, c1 = lo.packed_cost(rows, tokens), hi.packed_cost(rows, tokens)
+        c0, c1 = seconds(lo), seconds(hi)
         return max(c0 + (c1 - c0) * (context - lo.context) / (hi.context - lo.context), 1e-9)
 
     def to_dict(self) -> dict[str, Any]:
