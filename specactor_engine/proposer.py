@@ -49,7 +49,6 @@ class RoundDrafts:
     fallback: torch.Tensor | None = None  # [R] bool: drafted by another method after the chosen one gave none
     deferred: torch.Tensor | None = None  # [R] bool: acceptance scored later from a shadow, not this verify
     candidates: Candidates | None = None  # combination's second drafts, if this round verifies any
-    trimmed: torch.Tensor | None = None  # [R] drafts cut before the verify (draft trimming: policies/draft_trim.py)
     draft_s: float = 0.0  # seconds proposing the verified drafts (the critical path's drafting)
     shadow_s: float = 0.0  # seconds drafting idle rows for statistics only
     candidate_s: float = 0.0  # seconds drafting the combination's candidates

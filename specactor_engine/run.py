@@ -331,10 +331,9 @@ class Run:
 
         kept = torch.from_numpy(choose_tokens(proposal.num_tokens.numpy(), proposal.confidence.numpy(),
                                               drafts.sources, calibration, seconds))
-        cut = proposal.num_tokens - kept
-        if int(cut.sum()):
-            self.stats.trimmed_tokens += int(cut.sum())
-            drafts.trimmed = cut
+        cut = int((proposal.num_tokens - kept).sum())
+        if cut:
+            self.stats.trimmed_tokens += cut
             proposal.num_tokens = kept
             proposal.token_ids[torch.arange(proposal.token_ids.shape[1])[None, :] >= kept[:, None]] = 0
 

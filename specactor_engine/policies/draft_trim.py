@@ -16,8 +16,10 @@ do and a 13th token costs 16 ms. Rows of different lengths verify in one packed 
 (`ModelRunner.forward_packed`): a cut position costs nothing. Output is unchanged: a row verifies a prefix of
 its drafts (the chances fall along a row, so the best n are prefixes).
 
-Trimmed positions are left out of the verify-length policy's acceptance statistics (run.py): they say nothing
-of acceptance. What trimmed rounds emit and cost reaches it through its realised factor and calibration.
+Trimmed positions stay within the rows' caps and count as not accepted in the verify-length policy's statistics
+(run.py): a length's statistics are what rounds drafting that deep and trimming emit, and its calibration what they
+cost. (Left out instead, the statistics described only the confident rows and the policy chose k = 4 rounds whose
+two extra draft steps cost more than they emitted; session 32.)
 
 Pure numpy, no engine: unit-tested on its own (tests/engine/test_draft_trim.py).
 """
