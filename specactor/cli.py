@@ -453,6 +453,10 @@ def drafter_feature(
         "--feature-weight", min=0.0, help="Weight of the feature regression beside the cross-entropy.")] = 1.0,
     noise: Annotated[float, typer.Option(
         "--noise", min=0.0, help="Uniform noise (+-) on the input features while training.")] = 0.1,
+    passes: Annotated[int, typer.Option(
+        "--passes", min=1, help="Draft steps trained per position (training-time test): 1 trains on the target's "
+        "features only; P > 1 also trains steps 2..P as drafting runs them, on the drafter's own predicted features "
+        "(each pass costs about as much as the first).")] = 1,
     feature_dtype: Annotated[Dtype | None, typer.Option(
         "--feature-dtype", help="The target's dtype for the features' pass (default: --dtype): bfloat16 gives the "
         "features a bf16-served target computes, and runs faster on a CPU with bf16 units; the drafter still "
@@ -467,11 +471,21 @@ def drafter_feature(
     job = FeatureJob(target=target, data=data, out=out, dtype=dtype, cache_dir=cache_dir, steps=steps,
                      batch_size=batch_size, lr=lr, save_every=save_every, max_minutes=max_minutes, samples=samples,
                      max_new_tokens=max_new_tokens, seed=seed, draft_vocab=draft_vocab, feature_weight=feature_weight,
-                     noise=noise, feature_dtype=feature_dtype)
+                     noise=noise, passes=passes, feature_dtype=feature_dtype)
     with user_errors(DistillDataError, ValueError):
         result = run_feature_distill(job, _ConsoleReporter())
     loss = "" if result.loss_first is None else f", loss {result.loss_first:.3f} -> {result.loss_last:.3f}"
     top1 = "" if result.held_out_top1 is None else f", held-out top-1 agreement {result.held_out_top1:.3f}"
+    if result.held_out_acceptance:
+        table = Table(title="held-out chance of acceptance per draft step (T = 1, shared noise), by drafting "
+                      "temperature scale")
+        table.add_column("scale")
+        for step in range(len(next(iter(result.held_out_acceptance.values())))):
+            table.add_column(f"step {step + 1}")
+        for scale, rates in result.held_out_acceptance.items():
+            kept = " (kept)" if scale == result.temperature_scale else ""
+            table.add_row(f"{scale:g}{kept}", *(f"{rate:.3f}" for rate in rates))
+        console.print(table)
     console.print(f"feature drafter saved to {out} after {result.steps} steps ({result.trained_steps} now, "
                   f"{result.seconds:.0f} s{loss}{top1})", highlight=False)
 

@@ -108,6 +108,10 @@ class FeatureDrafterConfig(_DrafterBase):
     draft_vocab: int | None = Field(
         None, ge=16, description="Draft over this many tokens (the lowest ids and the special tokens, growing with "
         "the tokens the target commits); a trained drafter's draft_vocab.json wins. None: the full vocabulary.")
+    temperature_scale: float | None = Field(
+        None, gt=0.0, le=4.0, description="Draft at the request's temperature times this (lossless: the verifier "
+        "decides what is emitted; no effect when greedy). Below 1 sharpens the drafts. None: the value its training "
+        "chose on held-out samples (feature_drafter.json `temperature_scale`), else 1.")
 
 
 class NgramDrafterConfig(_DrafterBase):

@@ -75,7 +75,8 @@ def _refresh_feature_drafters(host: RunHost, sequences: list[tuple[list[int], li
             continue
         result = distill_features(drafter.model, host.engine.runner.model, sequences,
                                   FeatureDistillBudget(max_steps=budget.max_steps, max_seconds=budget.max_seconds,
-                                                       batch_size=budget.batch_size, lr=budget.lr, seed=budget.seed),
+                                                       batch_size=budget.batch_size, lr=budget.lr, seed=budget.seed,
+                                                       passes=drafter.model.trained_passes),
                                   vocab_ids=drafter.head_token_ids())
         drafter.weights_changed()
         metrics.update({f"drafter/{drafter.name}/{key}": value for key, value in result.items()})

@@ -43,11 +43,13 @@ class FeatureDrafter(Drafter):
 
     def __init__(self, config: Any, context: DrafterContext, model: FeatureDraftModel | None = None) -> None:
         """config: `path` (a trained drafter's directory; None: a fresh, untrained one), `quantize`,
-        `draft_vocab`. The model is loaded in `bind_target`, when the target it belongs to is known."""
+        `draft_vocab`, `temperature_scale`. The model is loaded in `bind_target`, when the target it belongs to is
+        known."""
         self.name = getattr(config, "name", None) or "feature"
         self.path = getattr(config, "path", None)
         self.quantize = getattr(config, "quantize", "none") or "none"
         self.vocab_size_wanted = getattr(config, "draft_vocab", None)
+        self.temperature_scale_wanted = getattr(config, "temperature_scale", None)
         self.tokenizer = context.target_tokenizer
         self.target_vocab_size = context.target_vocab_size
         self.model = model
@@ -86,6 +88,8 @@ class FeatureDrafter(Drafter):
         # with the full vocabulary, the target's own head module (shared, not copied)
         self.head = DraftHead(lambda: target_model.lm_head.weight, self.vocab, self.quantize, self.target_vocab_size,
                               full_head=target_model.lm_head)
+        scale = self.temperature_scale_wanted
+        self.temperature_scale = float(scale if scale is not None else getattr(self.model, "temperature_scale", 1.0))
         self.runner.head = self.head.module()
         if self.num_slots:
             self.runner.allocate(self.num_slots, self.max_len)
@@ -160,6 +164,8 @@ class FeatureDrafter(Drafter):
         out_pos = state.output_positions(slots)
         tokens, all_probs, confidence = [], [], []
         for step in range(k):
+            if self.temperature_scale != 1.0:  # drafting at temperature T x scale: logits / scale at T
+                logits = logits / self.temperature_scale
             token, probs, sure = self.head.sample(logits, state, slots, out_pos + step, request)
             tokens.append(token)
             all_probs.append(probs)

@@ -77,6 +77,8 @@ class FeatureDraftModel(nn.Module):
         layer.load_state_dict(inner.layers[-1].state_dict())
         self.model = _Inner(layer, copy.deepcopy(inner.norm), copy.deepcopy(inner.rotary_emb))
         self.target_signature = signature(target)
+        self.trained_passes = 1  # the draft steps its training covered (training/feature_distill.py); from its file
+        self.temperature_scale = 1.0  # the drafting temperature scale its training chose (feature_job.py); its file
 
     @property
     def layer(self) -> nn.Module:
@@ -99,7 +101,35 @@ class FeatureDraftModel(nn.Module):
         h = h + layer.mlp(layer.post_attention_layernorm(h))
         return self.model.norm(h)
 
-    def _attention(self, layer: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward_unrolled(self, token_embeds: torch.Tensor, prev_features: torch.Tensor, passes: int
+                         ) -> list[torch.Tensor]:
+        """Training-time test (EAGLE-3's): `passes` teacher-forced passes, pass p showing every position what
+        draft step p of a round would: pass 1 is `forward`; pass p > 1 reads, in place of f_{j-1}, pass p-1's
+        own prediction g_{j-1}, and its query at j attends to what the drafter's cache holds when it drafts the
+        p-th token at j: pass 1's keys at positions <= j-p+1 (fed with the target's features), then pass q's
+        key at j-p+q for q = 2..p (its own earlier drafts). Same shapes as `forward`; returns [g_1, ..., g_p].
+        Pass p's output at j is meaningful for j >= p-1 (it needs p-1 earlier positions)."""
+        B, T, _ = token_embeds.shape
+        positions = torch.arange(T, device=token_embeds.device)[None, :].expand(B, T)
+        layer = self.layer
+        keys: list[tuple[torch.Tensor, torch.Tensor]] = []
+        outputs: list[torch.Tensor] = []
+        prev = prev_features
+        for p in range(1, passes + 1):
+            x = self.inputs(token_embeds, prev)
+            cos, sin = self.model.rotary_emb(x, positions)
+            mask = None if p == 1 else _unrolled_mask(T, p, x.device)
+            h = x + self._attention(layer, layer.input_layernorm(x), cos, sin, keys, mask)
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+            outputs.append(self.model.norm(h))
+            prev = torch.cat([torch.zeros_like(outputs[-1][:, :1]), outputs[-1][:, :-1]], dim=1)  # g_{j-1}
+        return outputs
+
+    def _attention(self, layer: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                   keys: list[tuple[torch.Tensor, torch.Tensor]] | None = None, mask: torch.Tensor | None = None
+                   ) -> torch.Tensor:
+        """Causal self-attention over x; with `keys` (earlier passes' (k, v) [B, H_kv, T, hd], appended to) and
+        `mask` [T, (passes) * T] (True: attend), over theirs and this pass's keys instead."""
         attn, config = layer.self_attn, self.config
         B, T, _ = x.shape
         heads = config.num_attention_heads
@@ -111,8 +141,17 @@ class FeatureDraftModel(nn.Module):
         if hasattr(attn, "q_norm"):  # qwen3
             q, k = attn.q_norm(q), attn.k_norm(k)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
-                                             scale=attn.scaling, enable_gqa=kv_heads != heads)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        if keys is not None:
+            keys.append((k, v))
+        if mask is None:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=attn.scaling,
+                                                 enable_gqa=kv_heads != heads)
+        else:
+            assert keys is not None
+            all_k, all_v = torch.cat([kk for kk, _ in keys], dim=2), torch.cat([vv for _, vv in keys], dim=2)
+            out = F.scaled_dot_product_attention(q, all_k, all_v, attn_mask=mask, scale=attn.scaling,
+                                                 enable_gqa=kv_heads != heads)
         return attn.o_proj(out.transpose(1, 2).reshape(B, T, heads * head_dim))
 
     # ------------------------------------------------------------------ files
@@ -145,6 +184,8 @@ class FeatureDraftModel(nn.Module):
         if meta.get("target") != want:
             raise ValueError(f"{directory}: built for a target {meta.get('target')}, this target is {want}")
         model = cls(target)
+        model.trained_passes = int(meta.get("passes", 1))
+        model.temperature_scale = float(meta.get("temperature_scale", 1.0))
         param = next(target.parameters())
         state = {name: t.to(param.device, param.dtype) for name, t in load_file(str(weights)).items()}
         model.load_state_dict(state, strict=False)
@@ -152,6 +193,21 @@ class FeatureDraftModel(nn.Module):
         if missing:
             raise ValueError(f"{weights}: missing weights {sorted(missing)[:4]}")
         return model
+
+
+def _unrolled_mask(T: int, passes: int, device: torch.device) -> torch.Tensor:
+    """Pass `passes`' attention mask over the keys of passes 1..passes laid end to end: [T, passes * T], True
+    where query j may attend (`FeatureDraftModel.forward_unrolled`). A query with no key (j < passes - 1: the
+    step cannot happen there) attends to its own key alone, so no row is empty."""
+    j = torch.arange(T, device=device)
+    mask = torch.zeros(T, passes * T, dtype=torch.bool, device=device)
+    mask[:, :T] = j[None, :] <= (j[:, None] - passes + 1)  # pass 1's keys, fed with the target's features
+    for q in range(2, passes + 1):
+        at = j - passes + q  # pass q's key at j - passes + q
+        rows = at >= 0
+        mask[j[rows], (q - 1) * T + at[rows]] = True
+    mask[j, (passes - 1) * T + j] = True  # its own key
+    return mask
 
 
 def signature(target: nn.Module) -> dict[str, Any]:

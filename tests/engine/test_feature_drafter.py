@@ -145,6 +145,31 @@ def test_rejection_sampling_and_a_compact_vocabulary_stay_exact(target):
         assert all(o.finish_reason in ("stop", "length") for o in sampled.outputs)
 
 
+def test_a_drafter_at_a_scaled_temperature_stays_exact_and_takes_its_file_s_scale(target, tmp_path):
+    """Drafting at T x temperature_scale changes the drafts, never the output (coupled rule at T = 1); without a
+    configured scale the drafter takes the one saved with it (feature_drafter.json), and a configured one wins."""
+    params = sampling(1.0, n=2, max_new_tokens=24, ignore_eos=True)
+    reference = token_ids(run(target, ragged_requests(4), params))
+    drafted = {}
+    for scale in (1.0, 0.5):
+        drafter = feature_drafter(target, temperature_scale=scale)
+        result = engine_with(target, [drafter]).generate(ragged_requests(4), params)
+        assert token_ids(result) == reference
+        assert drafter.temperature_scale == scale and result.stats.drafted_tokens > 0
+        drafted[scale] = (result.stats.drafted_tokens, result.stats.accepted_tokens)
+    assert drafted[0.5] != drafted[1.0]  # the scale reached the drafts
+    model = FeatureDraftModel(target)
+    model.save(tmp_path, extra={"temperature_scale": 0.7, "passes": 3})
+    loaded = FeatureDraftModel.load(tmp_path, target)
+    assert (loaded.temperature_scale, loaded.trained_passes) == (0.7, 3)
+    saved = feature_drafter(target, path=str(tmp_path))
+    engine_with(target, [saved])
+    assert saved.temperature_scale == 0.7
+    chosen = feature_drafter(target, path=str(tmp_path), temperature_scale=1.0)
+    engine_with(target, [chosen])
+    assert chosen.temperature_scale == 1.0
+
+
 def test_saved_drafter_loads_for_its_target_only(target, tmp_path):
     model = FeatureDraftModel(target)
     with torch.no_grad():

@@ -17,7 +17,8 @@ from specactor_engine.model.feature_draft import FeatureDraftModel
 from specactor_engine.model.runner import load_hf_model
 from specactor_engine.training.feature_distill import (FEATURES_FILE, FeatureDistillBudget, FeatureDistiller,
                                                        distill_features, target_features)
-from specactor_engine.training.feature_job import FeatureJob, run_feature_distill
+from specactor_engine.training.feature_job import (FeatureJob, best_temperature_scale, held_out_acceptance,
+                                                   run_feature_distill)
 from specactor_engine.training.samples import DistillDataError
 from tests.engine.test_exactness import MAX_LEN, ragged_requests, rollout, run, sampling, token_ids
 from tests.fixtures.tiny_models import make_tiny_model, make_tokenizer, save_tiny_model
@@ -58,6 +59,84 @@ def test_distillation_lowers_the_loss_and_raises_the_greedy_agreement():
     assert float(loss_after) < 0.7 * float(loss_before)
     assert after["top1"] > before["top1"] + 0.1, (before, after)
     assert not any(p.requires_grad for p in model.parameters())
+
+
+def test_unrolled_passes_are_the_drafting_steps():
+    """Training-time test: pass p of `forward_unrolled` at position j is what drafting computes for the p-th draft
+    there: a teacher-forced pass over positions <= j (the drafter's cache: the target's features at committed
+    positions) in which the last p - 1 positions read the drafter's own predicted feature of the position before
+    (drafts/feature.py feeds its drafts so; test_feature_drafter checks that against the engine)."""
+    target = make_tiny_model("qwen2", seed=2, num_layers=2, dtype=torch.float64)
+    model = FeatureDraftModel(target)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for param in model.parameters():
+            param += 0.05 * torch.randn_like(param)
+        B, T, d = 2, 9, target.config.hidden_size
+        embeds = torch.randn(B, T, d, dtype=torch.float64)
+        features = torch.randn(B, T, d, dtype=torch.float64)
+        prev = torch.cat([torch.zeros_like(features[:, :1]), features[:, :-1]], dim=1)
+        passes = model.forward_unrolled(embeds, prev, 3)
+        torch.testing.assert_close(passes[0], model(embeds, prev))
+        for j in range(2, T):
+            fed = prev[:, : j + 1].clone()
+            fed[:, j] = passes[0][:, j - 1]  # second draft at j: reads the first draft's predicted feature
+            torch.testing.assert_close(passes[1][:, j], model(embeds[:, : j + 1], fed)[:, j])
+            fed = prev[:, : j + 1].clone()
+            fed[:, j - 1] = passes[0][:, j - 2]  # third draft at j: drafts at j - 1 and j
+            fed[:, j] = model(embeds[:, :j], fed[:, :j])[:, j - 1]
+            torch.testing.assert_close(passes[2][:, j], model(embeds[:, : j + 1], fed)[:, j])
+
+
+def test_training_the_later_steps_raises_their_agreement():
+    """The same steps from the same drafter with passes=2 against passes=1: the second draft step (reading the
+    drafter's own feature) agrees with the target more often, and the report has each pass's figures."""
+    target = make_tiny_model("qwen2", seed=2, num_layers=2)
+    pairs = target_samples(target)
+    features = target_features(target, pairs)
+    results = {}
+    for passes in (1, 2):
+        torch.manual_seed(0)
+        distiller = FeatureDistiller(FeatureDraftModel(target), target, lr=3e-3, seed=0, passes=passes)
+        for _ in range(40):
+            distiller.step(pairs, features, batch_size=8)
+        distiller.finish()
+        probe = FeatureDistiller(distiller.model, target, lr=0.0, seed=0, passes=2)
+        with torch.no_grad():
+            _, results[passes] = probe.loss(*probe.batch(pairs, features, len(pairs)), noise=False)
+    assert set(results[2]) >= {"top1", "top1_2", "ce_2", "feature_2"}
+    assert results[2]["top1_2"] > results[1]["top1_2"] + 0.05, results
+    with pytest.raises(ValueError, match="passes"):
+        FeatureDistiller(FeatureDraftModel(target), target, lr=1e-3, passes=0)
+
+
+def test_held_out_acceptance_is_one_for_a_drafter_that_computes_the_target_s_features():
+    """A one-layer target and a drafter that is its layer reading the token alone (fc = [I | 0]): every draft step
+    computes the target's own distribution, so each is accepted with probability 1 at scale 1 and less when
+    sharpened, and the scale kept is 1. A head over part of the vocabulary loses the mass outside it."""
+    target = make_tiny_model("llama", seed=5, num_layers=1)
+    model = FeatureDraftModel(target)
+    d = target.config.hidden_size
+    with torch.no_grad():
+        model.fc.weight.zero_()
+        model.fc.weight[:, :d] = torch.eye(d)
+    pairs = target_samples(target, count=3, tokens=10)
+    features = target_features(target, pairs)
+    distiller = FeatureDistiller(model, target, lr=0.0)
+    every = target.config.vocab_size  # a random tiny model's distributions are flat: sum over every token
+    acceptance = held_out_acceptance(distiller, target, pairs, features, scales=(0.5, 1.0), steps=3, candidates=every)
+    assert acceptance[1.0] == pytest.approx([1.0, 1.0, 1.0], abs=2e-3)  # fp16 features: not to the last bit
+    assert all(a < 0.99 for a in acceptance[0.5])
+    assert best_temperature_scale(acceptance) == 1.0
+    compact = FeatureDistiller(model, target, lr=0.0, vocab_ids=torch.arange(0, 64))
+    assert all(a < 0.99 for a in held_out_acceptance(compact, target, pairs, features, scales=(1.0,),
+                                                     candidates=every)[1.0])
+
+
+def test_the_kept_scale_makes_the_most_accepted_tokens_per_round():
+    assert best_temperature_scale({1.0: [0.80, 0.60, 0.50], 0.7: [0.81, 0.65, 0.55]}) == 0.7
+    assert best_temperature_scale({1.0: [0.85, 0.60], 0.7: [0.80, 0.66]}) == 1.0  # 1.36 > 1.33: the first step first
+    assert best_temperature_scale({}) == 1.0
 
 
 def test_the_bounded_refresh_stops_at_its_step_budget_over_a_compact_head():
@@ -104,6 +183,9 @@ def test_a_job_trains_saves_resumes_and_its_drafter_drafts_exactly(tmp_path: Pat
     assert (first.steps, first.trained_steps) == (4, 4) and first.held_out_top1 is not None
     report = json.loads((out / "feature_report.json").read_text())
     assert report["steps"] == 4 and report["draft_vocab"] <= 128
+    assert set(first.held_out_acceptance) == {0.6, 0.7, 0.8, 0.9, 1.0}
+    assert all(len(rates) == 3 and all(0.0 <= a <= 1.0 for a in rates) for rates in first.held_out_acceptance.values())
+    assert report["temperature_scale"] == first.temperature_scale == best_temperature_scale(first.held_out_acceptance)
     resumed = run_feature_distill(FeatureJob(**{**job.__dict__, "steps": 6}))
     assert (resumed.steps, resumed.trained_steps) == (6, 2)
     # the saved drafter, with its draft vocabulary, in the engine: output equals plain decoding
