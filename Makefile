@@ -167,12 +167,15 @@ $(DRAFTER_SMOLLM2)/.complete: $(DRAFTER_DATA)/rollouts.jsonl | $(STAMP)
 # 60-minute budget that counted the features reached, kept as the budget so the drafter does not depend on the
 # machine), ~95 min in all; held-out top-1 agreement 0.838 on 64 held-out samples, where v1 (128 samples, 640
 # steps) agrees on 0.776 of the same; head over 1,275 tokens (v2). v2 trained at a constant rate; v3 resumes it for
-# 300 steps at a third of it (session 31: 14.5 min, 2.9 s a step; held-out top-1 0.869).
+# 300 steps at a third of it (session 31: 14.5 min, 2.9 s a step; held-out top-1 0.869). v4 resumes v3 for 300 steps
+# of training-time test (--passes 3: each position also trained as the second and third draft step, reading the
+# drafter's own predicted features; session 33: ~8 s a step, ~42 min).
 DRAFTER_FEATURE_V2 := runs/drafters/qwen1.5b-feature-v2
-DRAFTER_FEATURE := runs/drafters/qwen1.5b-feature-v3
+DRAFTER_FEATURE_V3 := runs/drafters/qwen1.5b-feature-v3
+DRAFTER_FEATURE := runs/drafters/qwen1.5b-feature-v4
 DRAFTER_FEATURE_DATA_V1 := runs/drafters/qwen1.5b-feature-data
 DRAFTER_FEATURE_DATA := runs/drafters/feature-v2-data
-drafter-feature: $(DRAFTER_FEATURE)/.complete ## train the 1.5B target's feature-level drafter (~110 min; skipped when present)
+drafter-feature: $(DRAFTER_FEATURE)/.complete ## train the 1.5B target's feature-level drafter (~150 min; skipped when present)
 
 # $(call feature_rollouts,DIR,PROMPTS PER TASK,SEED,DTYPE,ROWS,EXTRA --set ...): the 1.5B's rollouts of chain_sum and
 # basic_arithmetic prompts, 2 samples each, into DIR/rollouts.jsonl
@@ -203,12 +206,22 @@ $(DRAFTER_FEATURE_V2)/.complete: $(DRAFTER_FEATURE_DATA_V1)/rollouts.jsonl $(DRA
 	$(FEATURE_TRAIN) --lr 3e-4 --steps 789 --out $(DRAFTER_FEATURE_V2)
 	touch $@
 
-# v3: a copy of v2 with its trainer state (a run finding it resumes it), 300 more steps at 1e-4
-$(DRAFTER_FEATURE)/.complete: $(DRAFTER_FEATURE_V2)/.complete | $(STAMP)
-	rm -rf $(DRAFTER_FEATURE) && mkdir -p $(DRAFTER_FEATURE)
-	cp $(DRAFTER_FEATURE_V2)/feature_drafter.* $(DRAFTER_FEATURE_V2)/feature_trainer_state.pt \
-		$(DRAFTER_FEATURE_V2)/draft_vocab.json $(DRAFTER_FEATURE_V2)/target_features.pt $(DRAFTER_FEATURE)/
-	$(FEATURE_TRAIN) --lr 1e-4 --steps 1089 --out $(DRAFTER_FEATURE)
+# $(call resume_feature,FROM,TO): TO starts as a copy of FROM with its trainer state (a run finding it resumes it)
+define resume_feature
+	rm -rf $(2) && mkdir -p $(2)
+	cp $(1)/feature_drafter.* $(1)/feature_trainer_state.pt $(1)/draft_vocab.json $(1)/target_features.pt $(2)/
+endef
+
+# v3: v2 and 300 more steps at 1e-4
+$(DRAFTER_FEATURE_V3)/.complete: $(DRAFTER_FEATURE_V2)/.complete | $(STAMP)
+	$(call resume_feature,$(DRAFTER_FEATURE_V2),$(DRAFTER_FEATURE_V3))
+	$(FEATURE_TRAIN) --lr 1e-4 --steps 1089 --out $(DRAFTER_FEATURE_V3)
+	touch $@
+
+# v4: v3 and 300 steps of training-time test (three draft steps per position) at 1e-4
+$(DRAFTER_FEATURE)/.complete: $(DRAFTER_FEATURE_V3)/.complete | $(STAMP)
+	$(call resume_feature,$(DRAFTER_FEATURE_V3),$(DRAFTER_FEATURE))
+	$(FEATURE_TRAIN) --lr 1e-4 --passes 3 --steps 1389 --out $(DRAFTER_FEATURE)
 	touch $@
 
 bench-e2e: venv ## post-training step time, speculative vs plain-decoding rollouts (the make-run config, ~10 min)
