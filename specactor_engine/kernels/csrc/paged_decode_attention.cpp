@@ -167,6 +167,165 @@ void attend(const scalar_t* q, const scalar_t* key_cache, const scalar_t* value_
   });
 }
 
+#if defined(__AVX512F__)
+// Sixteen float lanes of a cached row: float as is, bfloat16 widened (its bits are a float's top half).
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const c10::BFloat16* p) {
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+
+// The lane sums of 16 vectors as one vector: out[j] = sum of v[j]'s lanes. Every input goes through the
+// same tree (pairs of lanes 2 apart, then of 128-bit blocks), so a sum does not depend on its slot.
+inline __m512 lane_sums16(const __m512* v) {
+  __m512 pair[8], quad[4], half[2];
+#pragma GCC unroll 8
+  for (int j = 0; j < 8; ++j)  // per 128-bit block: (x0 + x2, x1 + x3) of v[2j] and v[2j+1], interleaved
+    pair[j] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * j], v[2 * j + 1]), _mm512_unpackhi_ps(v[2 * j], v[2 * j + 1]));
+#pragma GCC unroll 4
+  for (int j = 0; j < 4; ++j)  // per 128-bit block: the block sum of v[4j..4j+3]
+    quad[j] = _mm512_add_ps(_mm512_shuffle_ps(pair[2 * j], pair[2 * j + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                            _mm512_shuffle_ps(pair[2 * j], pair[2 * j + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+#pragma GCC unroll 2
+  for (int j = 0; j < 2; ++j)  // blocks (0 + 1), (2 + 3) of quad[2j], then of quad[2j+1]
+    half[j] = _mm512_add_ps(_mm512_shuffle_f32x4(quad[2 * j], quad[2 * j + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                            _mm512_shuffle_f32x4(quad[2 * j], quad[2 * j + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(half[0], half[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(half[0], half[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// Ask for the next block's rows (one head's D values each) while this block is computed: a task reads one KV
+// head's half of every cached position, runs the hardware prefetcher does not follow far enough ahead.
+template <typename scalar_t>
+inline void prefetch_rows(const scalar_t* first, int64_t rows, int64_t stride, int64_t D) {
+  for (int64_t j = 0; j < rows; ++j)
+    for (int64_t byte = 0; byte < D * static_cast<int64_t>(sizeof(scalar_t)); byte += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(first + j * stride) + byte, _MM_HINT_T0);
+}
+
+constexpr int64_t KEY_BLOCK = 16;  // keys widened at a time (and the scores one lane_sums16 gives)
+constexpr int64_t QUERY_TILE = 4;  // queries whose weighted sums share each loaded value vector
+constexpr int64_t CHUNK_TILE = 4;  // 16-float chunks of the head those sums keep in registers
+
+// acc[i][c] += w_i * V[s][c] for the tile's queries and chunks, s over one key block, in key order.
+template <int64_t NQ, int64_t NC>
+inline void weigh_values(const float* scores, int64_t score_stride, const float* vb, int64_t D, int64_t keys,
+                         float* acc, int64_t c0) {
+  __m512 sum[NQ][NC];
+#pragma GCC unroll 4
+  for (int64_t i = 0; i < NQ; ++i)
+#pragma GCC unroll 4
+    for (int64_t c = 0; c < NC; ++c) sum[i][c] = _mm512_loadu_ps(acc + i * D + (c0 + c) * 16);
+  for (int64_t s = 0; s < keys; ++s) {
+    __m512 value[NC];
+#pragma GCC unroll 4
+    for (int64_t c = 0; c < NC; ++c) value[c] = _mm512_loadu_ps(vb + s * D + (c0 + c) * 16);
+#pragma GCC unroll 4
+    for (int64_t i = 0; i < NQ; ++i) {
+      const __m512 w = _mm512_set1_ps(scores[i * score_stride + s]);
+#pragma GCC unroll 4
+      for (int64_t c = 0; c < NC; ++c) sum[i][c] = _mm512_fmadd_ps(w, value[c], sum[i][c]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int64_t i = 0; i < NQ; ++i)
+#pragma GCC unroll 4
+    for (int64_t c = 0; c < NC; ++c) _mm512_storeu_ps(acc + i * D + (c0 + c) * 16, sum[i][c]);
+}
+
+// `attend` for float and bfloat16 caches with head sizes in whole vectors, blocked for AVX-512: one task per
+// (row, KV head); its keys are widened 16 at a time into a float block that every query of the head group
+// reads (16 dot products a query, summed by one lane_sums16), and each value block is widened once and added
+// into the queries' sums in tiles held in registers. A query's arithmetic (its dot products' lane order and
+// tree, its softmax, its key-ordered sum of values, zero weights included) is the same whatever the call.
+template <typename scalar_t>
+void attend_blocked(const scalar_t* q, const scalar_t* key_cache, const scalar_t* value_cache, const int64_t* slots,
+                    const int64_t* positions, scalar_t* out, int64_t R, int64_t T, int64_t H, int64_t H_kv, int64_t D,
+                    int64_t L, double scale, int64_t window) {
+  const int64_t group = H / H_kv;
+  const int64_t queries = group * T;  // per (row, KV head); query i = (head g * group + i / T, new token i % T)
+  const int64_t row_stride = H_kv * D;
+  const int64_t chunks = D / 16;
+  at::parallel_for(0, R * H_kv, 1, [=](int64_t begin, int64_t end) {
+    std::vector<float> qf(queries * D), acc(queries * D), block(KEY_BLOCK * D), scores, denom(queries);
+    std::vector<int64_t> first(queries), last(queries);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t r = task / H_kv, g = task % H_kv, slot = slots[r];
+      int64_t lo = positions[r * T], hi = lo;
+      for (int64_t i = 0; i < queries; ++i) {
+        const int64_t h = g * group + i / T, t = i % T;
+        last[i] = positions[r * T + t];
+        first[i] = window > 0 ? std::max<int64_t>(0, last[i] - window + 1) : 0;
+        lo = std::min(lo, first[i]);
+        hi = std::max(hi, last[i]);
+        const scalar_t* qrow = q + ((r * T + t) * H + h) * D;
+        for (int64_t d = 0; d < D; ++d) qf[i * D + d] = static_cast<float>(qrow[d]) * static_cast<float>(scale);
+      }
+      const int64_t S = hi - lo + 1, padded = (S + KEY_BLOCK - 1) / KEY_BLOCK * KEY_BLOCK;
+      scores.assign(queries * padded, 0.0f);
+      const scalar_t* keys = key_cache + (slot * L + lo) * row_stride + g * D;
+      const scalar_t* values = value_cache + (slot * L + lo) * row_stride + g * D;
+      for (int64_t s0 = 0; s0 < S; s0 += KEY_BLOCK) {  // scores, 16 keys at a time
+        const int64_t n = std::min(KEY_BLOCK, S - s0);
+        std::fill(block.begin() + n * D, block.end(), 0.0f);
+        prefetch_rows(keys + (s0 + KEY_BLOCK) * row_stride, std::min(KEY_BLOCK, S - s0 - KEY_BLOCK), row_stride, D);
+        for (int64_t j = 0; j < n; ++j)
+          for (int64_t c = 0; c < chunks; ++c)
+            _mm512_storeu_ps(block.data() + j * D + c * 16, load16(keys + (s0 + j) * row_stride + c * 16));
+        for (int64_t i = 0; i < queries; ++i) {
+          __m512 dots[KEY_BLOCK];
+#pragma GCC unroll 16
+          for (int64_t j = 0; j < KEY_BLOCK; ++j) dots[j] = _mm512_setzero_ps();
+          for (int64_t c = 0; c < chunks; ++c) {
+            const __m512 qv = _mm512_loadu_ps(qf.data() + i * D + c * 16);
+#pragma GCC unroll 16
+            for (int64_t j = 0; j < KEY_BLOCK; ++j)
+              dots[j] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(block.data() + j * D + c * 16), dots[j]);
+          }
+          _mm512_storeu_ps(scores.data() + i * padded + s0, lane_sums16(dots));
+        }
+      }
+      for (int64_t i = 0; i < queries; ++i) {  // softmax over each query's own key range [a, b]
+        float* row = scores.data() + i * padded;
+        const int64_t a = first[i] - lo, b = last[i] - lo;
+        denom[i] = exp_shifted(row + a, b - a + 1);
+        std::fill(row, row + a, 0.0f);
+        std::fill(row + b + 1, row + padded, 0.0f);
+      }
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      for (int64_t s0 = 0; s0 < S; s0 += KEY_BLOCK) {  // weighted values, 16 keys at a time
+        const int64_t n = std::min(KEY_BLOCK, S - s0);
+        prefetch_rows(values + (s0 + KEY_BLOCK) * row_stride, std::min(KEY_BLOCK, S - s0 - KEY_BLOCK), row_stride, D);
+        for (int64_t j = 0; j < n; ++j)
+          for (int64_t c = 0; c < chunks; ++c)
+            _mm512_storeu_ps(block.data() + j * D + c * 16, load16(values + (s0 + j) * row_stride + c * 16));
+        int64_t i = 0;
+        for (; i + QUERY_TILE <= queries; i += QUERY_TILE) {
+          const float* w = scores.data() + i * padded + s0;
+          int64_t c = 0;
+          for (; c + CHUNK_TILE <= chunks; c += CHUNK_TILE)
+            weigh_values<QUERY_TILE, CHUNK_TILE>(w, padded, block.data(), D, n, acc.data() + i * D, c);
+          for (; c < chunks; ++c) weigh_values<QUERY_TILE, 1>(w, padded, block.data(), D, n, acc.data() + i * D, c);
+        }
+        for (; i < queries; ++i) {
+          const float* w = scores.data() + i * padded + s0;
+          int64_t c = 0;
+          for (; c + CHUNK_TILE <= chunks; c += CHUNK_TILE)
+            weigh_values<1, CHUNK_TILE>(w, padded, block.data(), D, n, acc.data() + i * D, c);
+          for (; c < chunks; ++c) weigh_values<1, 1>(w, padded, block.data(), D, n, acc.data() + i * D, c);
+        }
+      }
+      for (int64_t i = 0; i < queries; ++i) {
+        const int64_t h = g * group + i / T, t = i % T;
+        scalar_t* orow = out + ((r * T + t) * H + h) * D;
+        const float inv = 1.0f / denom[i];
+        for (int64_t d = 0; d < D; ++d) orow[d] = static_cast<scalar_t>(acc[i * D + d] * inv);
+      }
+    }
+  });
+}
+#endif
+
 torch::Tensor paged_decode_attention(const torch::Tensor& q, const torch::Tensor& key_cache,
                                      const torch::Tensor& value_cache, const torch::Tensor& slots,
                                      const torch::Tensor& positions, double scale, int64_t window) {
@@ -194,6 +353,16 @@ torch::Tensor paged_decode_attention(const torch::Tensor& q, const torch::Tensor
   }
   auto out = torch::empty_like(qc);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_decode_attention", [&] {
+#if defined(__AVX512F__)
+    if constexpr (std::is_same_v<scalar_t, float> || std::is_same_v<scalar_t, c10::BFloat16>) {
+      if (D % 16 == 0) {
+        attend_blocked<scalar_t>(qc.data_ptr<scalar_t>(), key_cache.data_ptr<scalar_t>(),
+                                 value_cache.data_ptr<scalar_t>(), slot_data, position_data,
+                                 out.data_ptr<scalar_t>(), R, T, H, H_kv, D, L, scale, window);
+        return;
+      }
+    }
+#endif
     attend<scalar_t>(qc.data_ptr<scalar_t>(), key_cache.data_ptr<scalar_t>(), value_cache.data_ptr<scalar_t>(),
                      slot_data, position_data, out.data_ptr<scalar_t>(), R, T, H, H_kv, D, L,
                      scale, window);

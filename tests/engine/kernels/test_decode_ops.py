@@ -127,8 +127,8 @@ def test_the_runner_forward_is_the_same_with_the_fused_ops(family):
         verify = runner.forward(block, slots)
         outputs.append((first, step, verify, runner.cache.keys[1][slots, :24].clone()))
     assert fused._fused and not plain._fused
-    for got, want in zip(*outputs):
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    for got, want in zip(*outputs):  # each path's logits (up to ~10) are 1-4e-5 from a float64 run of the model
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=5e-5)
     assert torch.equal(outputs[0][1][:, 0], outputs[0][2][:, 0])  # decode and verify agree bit for bit
 
 
