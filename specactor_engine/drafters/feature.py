@@ -28,6 +28,7 @@ from specactor_engine.drafters.draft_head import DraftHead, grow_vocab, growing_
 from specactor_engine.drafters.model import fitting_batches, prefill_prompts
 from specactor_engine.model.draft_vocab import GrowingVocab, load_draft_vocab
 from specactor_engine.model.feature_draft import FeatureDraftModel
+from specactor_engine.model.packed_linear import PackedLinear, packing_supported
 from specactor_engine.model.quantize import quantize_int8
 from specactor_engine.model.runner import ModelRunner, tensor_bytes
 from specactor_engine.model.weights import load_named_weights
@@ -84,7 +85,9 @@ class FeatureDrafter(Drafter):
         drafting = quantize_int8(self.model) if self.quantize == "int8" else self.model
         self.runner = ModelRunner(drafting, packed_linear=self.quantize == "none")
         self.embed = target_model.get_input_embeddings()
-        self.fc = drafting.fc
+        # fc [2d -> d] runs once per draft step: oneDNN-packed like the layer's linears where they are
+        packed = self.quantize == "none" and packing_supported(self.runner.dtype, self.runner.device)
+        self.fc = PackedLinear([drafting.fc]) if packed else drafting.fc
         # with the full vocabulary, the target's own head module (shared, not copied)
         self.head = DraftHead(lambda: target_model.lm_head.weight, self.vocab, self.quantize, self.target_vocab_size,
                               full_head=target_model.lm_head)
@@ -102,7 +105,7 @@ class FeatureDrafter(Drafter):
         """fc, the decoder layer, the norm and the head in use (the embedding rows are a lookup)."""
         if self.target is None:
             return 0
-        return self.runner.step_bytes() + tensor_bytes(self.fc)
+        return self.runner.step_bytes() + tensor_bytes(self.runner.model.fc)
 
     def allocate(self, num_slots: int, max_len: int) -> None:
         self.num_slots, self.max_len = num_slots, max_len

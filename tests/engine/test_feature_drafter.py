@@ -182,3 +182,23 @@ def test_saved_drafter_loads_for_its_target_only(target, tmp_path):
         FeatureDraftModel.load(tmp_path / "fd", other)
     with pytest.raises(FileNotFoundError, match="no feature drafter"):
         FeatureDraftModel.load(tmp_path / "missing", target)
+
+
+def test_a_float32_drafter_s_fc_is_packed_and_follows_its_weights():
+    """On a float32 target the drafter's fc [2d -> d] runs oneDNN-packed (one per draft step); its input x equals
+    the model's own fc, and still does after the weights change in place (a drafter refresh or training step)."""
+    from specactor_engine.model.packed_linear import PackedLinear, packing_supported
+
+    target32 = make_tiny_model("qwen2", seed=3, num_layers=2, dtype=torch.float32)
+    if not packing_supported(torch.float32, torch.device("cpu")):
+        pytest.skip("this torch has no oneDNN packing")
+    drafter = feature_drafter(target32)
+    drafter.bind_target(ModelRunner(target32))
+    assert isinstance(drafter.fc, PackedLinear)
+    tokens = torch.tensor([[3, 9, 27]])
+    prev = torch.randn(1, 3, target32.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    embeds = target32.get_input_embeddings()(tokens)
+    with torch.no_grad():
+        torch.testing.assert_close(drafter._inputs(tokens, prev), drafter.model.inputs(embeds, prev))
+        drafter.model.fc.weight.mul_(-0.5)
+        torch.testing.assert_close(drafter._inputs(tokens, prev), drafter.model.inputs(embeds, prev))
