@@ -23,7 +23,7 @@ from specactor_engine.files import file_lock
 logger = logging.getLogger(__name__)
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = (CSRC / "paged_decode_attention.cpp", CSRC / "decode_layer_ops.cpp")
+SOURCES = (CSRC / "paged_decode_attention.cpp", CSRC / "decode_layer_ops.cpp", CSRC / "gumbel_argmax.cpp")
 
 
 def machine_tag() -> str:
