@@ -29,8 +29,10 @@ logger = logging.getLogger(__name__)
 
 # Bump when the forward's cost structure changes (e.g. a new attention kernel): cached profiles measured
 # with older code then no longer match and are measured again.
-COST_MODEL_VERSION = 4  # 2: bf16/fp16 attention by fp32 batched matmuls; 3: packed linears, paged attention;
-# 4: the decoder layers' elementwise ops fused (kernels/decode_ops.py)
+COST_MODEL_VERSION = 5  # 2: bf16/fp16 attention by fp32 batched matmuls; 3: packed linears, paged attention;
+# 4: the decoder layers' elementwise ops fused (kernels/decode_ops.py); 5: the paged attention kernel blocked for
+# AVX-512 and the Gumbel-max sampling in C++ (a profile from before priced a 4-row width-4 verify ~20 ms over what
+# it costs since, and the policy then held trace D at k = 2 where k = 3 emitted ~5% more tokens per second)
 PACKED_MAX_ROWS = 8  # packed rounds are measured token by token up to this batch size (draft trimming: few rows)
 PROFILE_CONTEXT = 256  # committed tokens per row while profiling (a mid-rollout length)
 SHORT_CONTEXT = 128  # the profile's shorter context
