@@ -933,3 +933,27 @@ def test_forgetting_acceptance_keeps_what_was_measured_of_costs():
     assert policy.held == set()  # a warm-up's rounds do not make a method one that held the rows
     assert policy.method_stats("feature").rates() == [0.5, 0.25, 0.125, 0.0625]
     assert (policy.scale, policy.draft_s_by_method, policy.realised) == (scale, draft_s, realised)
+
+
+def test_the_profile_keeps_each_cell_s_undisturbed_timing_through_a_disturbance_of_several_rounds(monkeypatch):
+    """A stretch of slow rounds (another process busy for a while) must not price any cell: each cell is timed
+    once per sweep over all cells and keeps its least timing (a cell timed back to back kept the stretch's)."""
+    import torch
+
+    from specactor_engine.model.runner import ModelRunner
+    from specactor_engine.policies import cost_profile
+    from tests.fixtures.tiny_models import make_tiny_model
+
+    calls = []
+
+    def timed(runner, tokens, slots, keys, widths, context, params):
+        calls.append(int(widths.sum()))
+        cost = 0.001 * int(widths.sum())
+        return cost * 10 if 8 <= len(calls) < 14 else cost  # six slow rounds in a row
+
+    monkeypatch.setattr(cost_profile, "_timed_round", timed)
+    runner = ModelRunner(make_tiny_model("qwen2", seed=0, num_layers=1, dtype=torch.float32))
+    table = cost_profile.measure_verify_costs(runner, (1, 2), (1, 2, 3), context=8, packed=True)
+    assert len(calls) == (cost_profile.REPEATS + 1) * (6 + 5)  # 6 plain cells, 5 packed ones of 2 rows
+    assert table.seconds == ((0.001, 0.002, 0.003), (0.002, 0.004, 0.006))
+    assert table.packed == ((), (0.002, 0.003, 0.004, 0.005, 0.006))
