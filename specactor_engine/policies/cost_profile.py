@@ -146,3 +146,25 @@ def _timed_round(runner: ModelRunner, tokens: torch.Tensor, slots: torch.Tensor,
     sample_tokens(logits, params, keys, positions)
     synchronize(runner.device)  # a GPU's kernels run asynchronously: wait for them before timing
     return time.perf_counter() - started
+
+
+def load_or_measure(runner: ModelRunner, max_rows: int, max_k: int, cache_dir: Path | None = None,
+                    max_context: int = PROFILE_CONTEXT, packed: bool = False) -> CostProfile:
+    """The cached cost profile for this model and machine, measuring (and caching) it if absent; packed: with
+    packed rounds (draft trimming prices its cuts with them)."""
+    from specactor_engine.model.registry import default_cache_dir
+
+    batches, widths, contexts = profile_batches(max_rows), tuple(range(1, max_k + 2)), profile_contexts(max_context)
+    key = profile_key(runner, batches, widths, contexts, packed)
+    path = (cache_dir or default_cache_dir()) / "cost_profiles" / f"{key}.json"
+    if path.exists():
+        try:
+            return CostProfile.load(path)
+        except (ValueError, KeyError, TypeError, json.JSONDecodeError) as exc:
+            logger.warning("ignoring unreadable cost profile %s (%s); measuring again", path, exc)
+    started = time.perf_counter()
+    profile = CostProfile(tuple(measure_verify_costs(runner, batches, widths, c, packed) for c in contexts))
+    profile.save(path)
+    logger.info("profiled verify cost for batches %s x widths %s x contexts %s in %.1f s -> %s", batches, widths,
+                contexts, time.perf_counter() - started, path)
+    return profile
