@@ -91,8 +91,7 @@ def measure_verify_costs(runner: ModelRunner, batches: tuple[int, ...], widths: 
 
     Each cell keeps the least of REPEATS timings taken in separate sweeps over all cells (after a warm-up sweep):
     a disturbance of a few seconds (another process starting, a drafter worker loading) then slows one timing of
-    each cell it overlaps rather than every timing of a few cells, which once priced trace D's 4-row width-3 verify
-    at 1.68x a width-1 step where it costs ~1.3x, and the profile is cached for every later run."""
+    each cell it overlaps rather than every timing of a few cells, and the profile is cached for every later run."""
     runner.allocate(max(batches), context + max(widths))
     params = SamplingParams(temperature=1.0, top_k=0, top_p=1.0)
     generator = torch.Generator().manual_seed(0)
