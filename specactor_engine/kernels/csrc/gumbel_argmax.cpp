@@ -160,35 +160,24 @@ torch::Tensor gumbel_argmax(const torch::Tensor& scores, const torch::Tensor& ke
   std::vector<float> floors(N);
   const int64_t* key_data = kc.data_ptr<int64_t>();
   const int64_t* hash_data = hc.data_ptr<int64_t>();
-  AT_DISPATCH_SWITCH(sc.scalar_type(), "gumbel_argmax",
-    AT_DISPATCH_CASE(at::kFloat, [&] {
-      const scalar_t* data = sc.data_ptr<scalar_t>();
-      at::parallel_for(0, N, 1, [&](int64_t begin, int64_t end) {
-        for (int64_t n = begin; n < end; ++n)
-          floors[n] = floor_of(data + n * V, hash_data, static_cast<uint32_t>(key_data[n]), V);
-      });
-      at::parallel_for(0, N * parts, 1, [&](int64_t begin, int64_t end) {
-        for (int64_t task = begin; task < end; ++task) {
-          const int64_t n = task / parts, p = task % parts;
-          const int64_t lo = std::min(V, p * part_len), hi = std::min(V, lo + part_len);
-          found[task] = scan(data + n * V, hash_data, static_cast<uint32_t>(key_data[n]), lo, hi, floors[n]);
-        }
-      });
-    })
-    AT_DISPATCH_CASE(at::kBFloat16, [&] {
-      const scalar_t* data = sc.data_ptr<scalar_t>();
-      at::parallel_for(0, N, 1, [&](int64_t begin, int64_t end) {
-        for (int64_t n = begin; n < end; ++n)
-          floors[n] = floor_of(data + n * V, hash_data, static_cast<uint32_t>(key_data[n]), V);
-      });
-      at::parallel_for(0, N * parts, 1, [&](int64_t begin, int64_t end) {
-        for (int64_t task = begin; task < end; ++task) {
-          const int64_t n = task / parts, p = task % parts;
-          const int64_t lo = std::min(V, p * part_len), hi = std::min(V, lo + part_len);
-          found[task] = scan(data + n * V, hash_data, static_cast<uint32_t>(key_data[n]), lo, hi, floors[n]);
-        }
-      });
-    }));
+  auto search = [&](const auto* data) {  // each row's floor, then its parts
+    at::parallel_for(0, N, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t n = begin; n < end; ++n)
+        floors[n] = floor_of(data + n * V, hash_data, static_cast<uint32_t>(key_data[n]), V);
+    });
+    at::parallel_for(0, N * parts, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t task = begin; task < end; ++task) {
+        const int64_t n = task / parts, p = task % parts;
+        const int64_t lo = std::min(V, p * part_len), hi = std::min(V, lo + part_len);
+        found[task] = scan(data + n * V, hash_data, static_cast<uint32_t>(key_data[n]), lo, hi, floors[n]);
+      }
+    });
+  };
+  if (sc.scalar_type() == torch::kFloat) {
+    search(sc.data_ptr<float>());
+  } else {
+    search(sc.data_ptr<c10::BFloat16>());
+  }
   int64_t* out_data = out.data_ptr<int64_t>();
   for (int64_t n = 0; n < N; ++n) {
     Best best{0.0f, -1};
