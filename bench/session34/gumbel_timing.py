@@ -46,9 +46,12 @@ as_float = as_bf16.float()
 keys = torch.randint(0, 2**32, (as_float.shape[0],), generator=torch.Generator().manual_seed(0))
 hashes = counter_hash.token_hash(vocab, torch.device("cpu"))
 top = as_float.max(-1, keepdim=True).values
-print(f"share of each row's logits within 16.7 of its best: median {(as_float > top - 16.7).float().mean(-1).median():.4f}")
+share = (as_float > top - 16.7).float().mean(-1).median()
+print(f"share of each row's logits within 16.7 of its best: median {share:.4f}")
 assert torch.equal(torch.ops.specactor.gumbel_argmax(as_bf16, keys, hashes),
                    kernel.gumbel_argmax_reference(as_float, keys, hashes))
-print(f"{as_float.shape[0]} rows: compiled reference {median_ms(lambda: kernel._compiled()(as_float, keys, hashes)):.2f} ms, "
-      f"C++ float32 {median_ms(lambda: torch.ops.specactor.gumbel_argmax(as_float, keys, hashes)):.2f} ms, "
-      f"C++ bfloat16 {median_ms(lambda: torch.ops.specactor.gumbel_argmax(as_bf16, keys, hashes)):.2f} ms")
+compiled = median_ms(lambda: kernel._compiled()(as_float, keys, hashes))
+cpp_float = median_ms(lambda: torch.ops.specactor.gumbel_argmax(as_float, keys, hashes))
+cpp_bf16 = median_ms(lambda: torch.ops.specactor.gumbel_argmax(as_bf16, keys, hashes))
+print(f"{as_float.shape[0]} rows: compiled reference {compiled:.2f} ms, C++ float32 {cpp_float:.2f} ms, "
+      f"C++ bfloat16 {cpp_bf16:.2f} ms")

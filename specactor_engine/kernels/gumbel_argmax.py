@@ -8,8 +8,9 @@ with AVX-512 a C++ kernel (csrc/gumbel_argmax.cpp: the hash in 32-bit lanes, Sle
 scores widened on the fly, and blocks of 16 tokens whose scores sit more than the largest possible noise below
 a total the row reaches skipped: at T = 1 that is most of a real vocabulary; 48 positions of Qwen 1.5B's own
 outputs at 4 rows: 7.6 ms against 46 ms compiled, bench/session34/gumbel_timing.py); elsewhere the reference
-compiled by TorchInductor (C++/OpenMP on CPU, a Triton kernel on CUDA). `gumbel_argmax_reference` is the source of truth, and the fallback when
-compiling is unavailable. Tests check all three against `sample_tokens`' reference path bit for bit.
+compiled by TorchInductor (C++/OpenMP on CPU, a Triton kernel on CUDA). `gumbel_argmax_reference` is the
+source of truth, and the fallback when compiling is unavailable. Tests check all three against `sample_tokens`'
+reference path bit for bit.
 """
 
 from __future__ import annotations
