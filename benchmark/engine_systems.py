@@ -11,11 +11,8 @@ The draft length comes from the run spec (`--num-draft-tokens`, or K of `NAME@K`
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
-from typing import Any, Iterator, Literal, Sequence
-
-import torch
+from typing import Any, Literal, Sequence
 
 from benchmark.interface import FinishClock, Generation, RunSpec, SequenceResult, System, resolve_local
 from specactor_engine.config import (
@@ -157,17 +154,6 @@ def _worker_settings(variant: EngineVariant, spec: RunSpec) -> DecoupledConfig:
     return DecoupledConfig(drafter=str(resolve_local(spec.drafter, spec.dtype)), dtype=spec.dtype)
 
 
-@contextlib.contextmanager
-def _torch_threads(count: int | None) -> Iterator[None]:
-    """Run the block on `count` torch threads (None: as many as now), then restore the count."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(count or previous)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
-
-
 class EngineSystem(System):
     """The engine configured by one `EngineVariant`, built through `Engine.from_config`.
 
@@ -206,16 +192,14 @@ class EngineSystem(System):
             raise RuntimeError("the drafter worker did not start")
 
     def prepare(self, requests: Sequence[Request], sampling: SamplingConfig) -> None:
-        """The verify-cost profile (measured at the verifier's thread count) and the KV caches belong
-        to start-up, as vLLM sizes its own there: neither is part of the makespan. The verify-length policy
-        forgets the warm-up's acceptance and keeps its cost measurements."""
+        """The verify-cost profiles (each on the threads its rounds run on: Engine._ensure_length_policy) and the
+        KV caches belong to start-up, as vLLM sizes its own there: neither is part of the makespan. The
+        verify-length policy forgets the warm-up's acceptance and keeps its cost measurements."""
         if self.replicated:  # each replica sizes its caches and measures its verify costs on its own threads
             self.engine.reserve(requests, sampling)
             self.engine.warm_up(requests[:1], sampling.model_copy(update={"n": 1, "max_new_tokens": 8}))
             return
-        workers = self.engine.workers
-        with _torch_threads(workers.verifier_threads if workers is not None else None):
-            self.engine.prepare_length_policy(requests, sampling)
+        self.engine.prepare_length_policy(requests, sampling)
         # the warm-up's 8 tokens of one row are not the trace's acceptance (a fresh engine starts from the prior)
         self.engine.forget_acceptance()
         self.engine.reserve(requests, sampling)

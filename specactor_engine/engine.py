@@ -20,6 +20,7 @@ import torch
 from specactor_engine import clock
 from specactor_engine.config import RolloutConfig, SpecActorConfig
 from specactor_engine.decoupled.launch import DrafterWorkers, start_workers
+from specactor_engine.decoupled.phase import DECOUPLED
 from specactor_engine.decoupled.sync import WorkerDrafterSync
 from specactor_engine.drafters import Drafter, DrafterContext, build_drafter
 from specactor_engine.model.runner import ModelRunner, load_hf_model
@@ -84,6 +85,8 @@ class Engine:
         # from `cost_table` or the cached startup profile); it keeps its statistics across calls.
         self.verify_length = rollout.verify_length if self.drafters or self.coordinator else "fixed"
         self.cost_table = cost_table
+        # regime -> the profile measured on that regime's threads, where it differs from `cost_table`'s
+        self.regime_tables: dict[str, CostTable | CostProfile] = {}
         self.length_policy: VerifyLengthPolicy | None = None
         self.policy_version = 0
         self.vocab_size = target.config.vocab_size
@@ -223,7 +226,8 @@ class Engine:
             torch.set_num_threads(self.verifier_threads)
         try:
             if self.verify_length == "dynamic" and runnable:
-                self._ensure_length_policy(min(len(runnable), self.max_batch_size), self._longest(runnable, sampling))
+                self._ensure_length_policy(min(len(runnable), self.max_batch_size), self._longest(runnable, sampling),
+                                           threads)
             run = Run(self, sampling, stats, self._reserve(runnable, sampling), started, total_threads=threads)
             run.decode(runnable, progress)
         finally:
@@ -254,24 +258,38 @@ class Engine:
         """The longest context (prompt + output) any of these sequences can reach."""
         return min(self.max_model_len, max(len(s.prompt_ids) for s in sequences) + sampling.max_new_tokens)
 
-    def _ensure_length_policy(self, max_rows: int, max_context: int) -> None:
-        """Build the verify-length policy; re-profile if this call's batch or context outgrows the profile."""
+    def _ensure_length_policy(self, max_rows: int, max_context: int, total_threads: int | None = None) -> None:
+        """Build the verify-length policy; re-profile if this call's batch or context outgrows the profile.
+
+        Each profile is measured on the threads its rounds run on (total_threads: the call's, default the
+        current count): plain and in-process rounds on all of them, the drafter workers' arm on the
+        verifier's (a second profile, `VerifyLengthPolicy.regime_costs`, where dynamic decoupling switches
+        between the two), a decoupled engine that never pauses its workers on the verifier's alone."""
         table = self.cost_table
         if table is None or table.batch_sizes[-1] < max_rows or (table.max_context and table.max_context < max_context):
-            table = self.cost_table = load_or_measure(self.runner, max_rows, self.num_draft_tokens,
-                                                      max_context=max_context,
-                                                      packed=self.trim_calibration is not None)
+            total = total_threads or torch.get_num_threads()
+            workers_only = self.verifier_threads and not self.dynamic_decoupling
+            table = self.cost_table = self._measure_costs(max_rows, max_context,
+                                                          self.verifier_threads if workers_only else total)
+            self.regime_tables = {}
+            if self.dynamic_decoupling and self.verifier_threads and self.verifier_threads != total:
+                self.regime_tables[DECOUPLED] = self._measure_costs(max_rows, max_context, self.verifier_threads)
         if self.length_policy is None:
             self.length_policy = VerifyLengthPolicy(table, AcceptanceStats(max_k=self.num_draft_tokens),
                                                     prior_share=self._cost_shares())
         else:
             self.length_policy.cost = table
+        self.length_policy.regime_costs = dict(self.regime_tables)
         # a feed (prefill, catch-up) is a wide forward: a target token of the widest profiled verify, times the share
         rows, width = table.batch_sizes[-1], self.num_draft_tokens + 1
         per_token = table.cost(rows, width) / (rows * width)
         for drafter in self.drafters:
             if drafter.cost_share is not None:
                 drafter.feed_s_prior = drafter.cost_share * per_token
+
+    def _measure_costs(self, max_rows: int, max_context: int, threads: int | None) -> CostProfile:
+        return load_or_measure(self.runner, max_rows, self.num_draft_tokens, max_context=max_context,
+                               packed=self.trim_calibration is not None, threads=threads)
 
     def reserve(self, requests: Sequence[Request], sampling: Any) -> None:
         """Size the KV caches for a `generate` of these requests now rather than inside it.

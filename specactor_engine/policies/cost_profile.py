@@ -11,12 +11,14 @@ version), not the weights' values, so a policy update reuses it.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import platform
 import time
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import torch
@@ -147,10 +149,28 @@ def _timed_round(runner: ModelRunner, tokens: torch.Tensor, slots: torch.Tensor,
     return time.perf_counter() - started
 
 
+@contextlib.contextmanager
+def torch_threads(count: int | None) -> Iterator[None]:
+    """Run the block on `count` torch threads (None: as many as now), then restore the count."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(count or previous)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
 def load_or_measure(runner: ModelRunner, max_rows: int, max_k: int, cache_dir: Path | None = None,
-                    max_context: int = PROFILE_CONTEXT, packed: bool = False) -> CostProfile:
+                    max_context: int = PROFILE_CONTEXT, packed: bool = False, threads: int | None = None) -> CostProfile:
     """The cached cost profile for this model and machine, measuring (and caching) it if absent; packed: with
-    packed rounds (draft trimming prices its cuts with them)."""
+    packed rounds (draft trimming prices its cuts with them); threads: the torch threads the rounds it prices run
+    on (None: the current count)."""
+    with torch_threads(threads):
+        return _load_or_measure(runner, max_rows, max_k, cache_dir, max_context, packed)
+
+
+def _load_or_measure(runner: ModelRunner, max_rows: int, max_k: int, cache_dir: Path | None, max_context: int,
+                     packed: bool) -> CostProfile:
     from specactor_engine.model.registry import default_cache_dir
 
     batches, widths, contexts = profile_batches(max_rows), tuple(range(1, max_k + 2)), profile_contexts(max_context)

@@ -37,7 +37,8 @@ A pure policy over statistics (no torch, no engine), so it can be unit-tested on
   With `probe_deep` off (the engine scores shadow drafts, shadow.py, which keep the deep
   positions' statistics fresh without verifying them) only plain rounds are probed, and only
   while speculating.
-- The profile is measured once, on an idle model and maybe another load of the machine; what a
+- The profile is measured once (once per thread arrangement: `regime_costs` holds the profiles of regimes whose
+  rounds run on other threads than `cost`'s), on an idle model and maybe another load of the machine; what a
   round really costs drifts from it (host work, sampling, other processes), and not by the same
   factor at every width. Each finished round therefore updates an EMA of observed / profiled
   seconds for its width (per `regime`: the engine's thread arrangement, e.g. workers running or
@@ -398,6 +399,11 @@ class VerifyLengthPolicy:
     # share of the way back to their long-run means (`AcceptanceStats.relax`)
     relax_rate: float = 0.1
     speculation_margin: float = 1.0  # the last choice's best expected rate at k > 0 over its rate at k = 0
+    # regime -> the profile measured on that regime's threads (the engine: the drafter workers' arm runs the verifier
+    # on fewer threads than plain decoding); a regime not named here is priced by `cost`. One profile for both
+    # priced trace D's 4-row width-3 verify at 1.68x a width-1 round (measured on the verifier's one thread) where
+    # the solo arm's two threads take 1.3x, and only the widths the rounds ran were corrected by calibration
+    regime_costs: dict[str, Any] = field(default_factory=dict)
     # a width's calibration not observed for this many rounds follows the widths observed since (`_pull_stale`),
     # the more the nearer their width
     stale_rounds: int = 32
@@ -409,6 +415,10 @@ class VerifyLengthPolicy:
     @property
     def max_k(self) -> int:
         return self.stats.max_k
+
+    def cost_for(self, regime: str = "") -> Any:
+        """The cost profile (`CostTable` or `CostProfile`) of rounds run under `regime`."""
+        return self.regime_costs.get(regime, self.cost)
 
     def bucket(self, rows: int) -> int:
         """The profile's measured batch size nearest to `rows` (in log scale): calibration is kept per bucket."""
@@ -440,12 +450,12 @@ class VerifyLengthPolicy:
         keyed = self._calibration_regime(regime, methods, rows) if k > 0 else None
         if keyed is None or not any(r == keyed for r, _, _ in self.scale):
             keyed = regime
-        return self.cost.cost(rows, k + 1, context) * self.calibration(k + 1, keyed, rows)
+        return self.cost_for(regime).cost(rows, k + 1, context) * self.calibration(k + 1, keyed, rows)
 
     def packed_verify_seconds(self, rows: int, tokens: int, context: int | None = None, regime: str = "") -> float:
         """Predicted seconds of a packed verify round of `rows` rows and `tokens` real tokens (draft trimming:
         policies/draft_trim.py), scaled as plain rounds are (trimmed rounds must not price their own cut)."""
-        return self.cost.packed_cost(rows, tokens, context) * self.calibration(1, regime, rows)
+        return self.cost_for(regime).packed_cost(rows, tokens, context) * self.calibration(1, regime, rows)
 
     def idle_and_costly(self, method: str, rows: int) -> bool:
         """`method` is not in use and drafts a position in more than `idle_share` of a width-1 round of `rows`
@@ -863,7 +873,8 @@ class VerifyLengthPolicy:
                 old = self.draft_s_by_method.get(method)
                 self.draft_s_by_method[method] = seconds / k if old is None else old + self.decay * (seconds / k - old)
         # clamped: one round disturbed by a collection or a page fault must not swing the estimate
-        ratio = min(max((round_s - draft_s) / max(self.cost.cost(rows, k + 1, context), 1e-9), MIN_SCALE), MAX_SCALE)
+        profiled = self.cost_for(regime).cost(rows, k + 1, context)
+        ratio = min(max((round_s - draft_s) / max(profiled, 1e-9), MIN_SCALE), MAX_SCALE)
         key = (regime, self.bucket(rows), k + 1)
         keyed = self._calibration_regime(regime, methods, rows) if k > 0 else None
         for key in [key] + ([(keyed, key[1], key[2])] if keyed is not None else []):  # pooled, and its methods'

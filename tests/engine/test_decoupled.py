@@ -132,6 +132,39 @@ def test_dynamic_decoupling_switches_phases_and_stays_exact(target, delayed_pair
     assert torch.get_num_threads() == threads  # the caller's thread count comes back after each call
 
 
+@pytest.mark.parametrize("dynamic", [True, False])
+def test_each_cost_profile_is_measured_on_the_threads_its_rounds_run_on(target, delayed_pair, monkeypatch, dynamic):
+    """With dynamic decoupling plain rounds (workers paused) run on every thread and the workers' arm on the
+    verifier's: a profile each. Without it every round runs on the verifier's threads: one profile, on them."""
+    from specactor_engine.policies import cost_profile
+    from tests.engine.test_dynamic_verify_length import table
+
+    measured: list[int] = []
+
+    def measure(*args, **kwargs):
+        measured.append(torch.get_num_threads())
+        return table(0.01 * len(measured), 0.001)
+
+    monkeypatch.setattr(cost_profile, "_load_or_measure", measure)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        engine = decoupled_engine(target, delayed_pair, verify_length="dynamic", dynamic_decoupling=dynamic,
+                                  verifier_threads=1)
+        engine.generate(ragged_requests(2), sampling(0.0, max_new_tokens=4))
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(previous)
+    policy = engine.length_policy
+    assert policy is not None
+    if dynamic:
+        assert measured == [2, 1]
+        assert policy.cost is engine.cost_table and policy.cost_for("solo") is engine.cost_table
+        assert policy.cost_for("decoupled") is engine.regime_tables["decoupled"] is not engine.cost_table
+    else:
+        assert measured == [1] and policy.regime_costs == {}
+
+
 def test_killed_worker_still_completes_identically_and_restarts(models, target):
     params = sampling(1.0, n=2, max_new_tokens=60, ignore_eos=True)
     reference = token_ids(run(target, ragged_requests(6), params))

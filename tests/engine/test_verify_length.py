@@ -150,6 +150,20 @@ def test_acceptance_stats_fold_supply_into_acceptance():
     assert stats.accept_through == pytest.approx([1.0, 0.5, 0.25])
 
 
+def test_a_regime_with_its_own_profile_is_priced_and_calibrated_by_it():
+    """The drafter workers' arm runs the verifier on fewer threads than plain decoding: priced by the profile
+    measured on them, and its rounds calibrated against that profile, not the other's."""
+    full, fewer = linear_table(0.1, 0.01), linear_table(0.2, 0.04)  # width 3 at 2 rows: 0.16 vs 0.44 s
+    policy = policy_with(full, [0.5, 0.3, 0.1, 0.05], decay=1.0)
+    policy.regime_costs = {"decoupled": fewer}
+    assert policy.verify_seconds(2, 2, regime="decoupled") == pytest.approx(0.44)
+    assert policy.verify_seconds(2, 2, regime="solo") == pytest.approx(0.16)  # no profile of its own: `cost`
+    policy.observe_round(2, [2, 2], [1, 0], draft_s=0.0, round_s=0.44, rows=2, regime="decoupled")
+    assert policy.calibration(3, regime="decoupled", rows=2) == pytest.approx(1.0)  # as its own profile said
+    policy.observe_round(2, [2, 2], [1, 0], draft_s=0.0, round_s=0.32, rows=2, regime="solo")
+    assert policy.calibration(3, regime="solo", rows=2) == pytest.approx(2.0)
+
+
 def test_calibration_and_draft_cost_are_learned_from_rounds():
     policy = policy_with(linear_table(0.1, 0.0), [0.5, 0.3, 0.1, 0.05], decay=1.0)
     assert policy.best(2) == 4  # free drafts, flat verify cost: as deep as possible
