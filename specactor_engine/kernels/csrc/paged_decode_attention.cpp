@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #if defined(__AVX512F__)
@@ -101,6 +102,26 @@ inline float exp_shifted<float>(float* row, int64_t n) {
 }
 #endif
 
+// The `queries` queries of row r from head `head0` on (query i: head head0 + i / T, new token i % T): each one's
+// key range [first[i], last[i]] (its own position, back `window` positions or to the start) and its copy
+// scaled by `scale` in qf[i * D, (i + 1) * D). Returns the range every query's keys lie in, [lo, hi].
+template <typename scalar_t, typename acc_t>
+std::pair<int64_t, int64_t> load_queries(const scalar_t* q, const int64_t* positions, int64_t r, int64_t head0,
+                                         int64_t queries, int64_t T, int64_t H, int64_t D, double scale,
+                                         int64_t window, acc_t* qf, int64_t* first, int64_t* last) {
+  int64_t lo = positions[r * T], hi = lo;
+  for (int64_t i = 0; i < queries; ++i) {
+    const int64_t h = head0 + i / T, t = i % T;
+    last[i] = positions[r * T + t];
+    first[i] = window > 0 ? std::max<int64_t>(0, last[i] - window + 1) : 0;
+    lo = std::min(lo, first[i]);
+    hi = std::max(hi, last[i]);
+    const scalar_t* qrow = q + ((r * T + t) * H + h) * D;
+    for (int64_t d = 0; d < D; ++d) qf[i * D + d] = static_cast<acc_t>(qrow[d]) * static_cast<acc_t>(scale);
+  }
+  return {lo, hi};
+}
+
 template <typename scalar_t>
 void attend(const scalar_t* q, const scalar_t* key_cache, const scalar_t* value_cache, const int64_t* slots,
             const int64_t* positions, scalar_t* out, int64_t R, int64_t T, int64_t H, int64_t H_kv, int64_t D,
@@ -118,16 +139,8 @@ void attend(const scalar_t* q, const scalar_t* key_cache, const scalar_t* value_
     for (int64_t i = 0; i < queries; ++i) kv_offset[i] = (i / T / group) * D;  // query i's KV head in a row
     for (int64_t r = begin; r < end; ++r) {
       const int64_t slot = slots[r];
-      int64_t lo = positions[r * T], hi = lo;
-      for (int64_t i = 0; i < queries; ++i) {
-        const int64_t h = i / T, t = i % T;
-        last[i] = positions[r * T + t];
-        first[i] = window > 0 ? std::max<int64_t>(0, last[i] - window + 1) : 0;
-        lo = std::min(lo, first[i]);
-        hi = std::max(hi, last[i]);
-        const scalar_t* qrow = q + ((r * T + t) * H + h) * D;
-        for (int64_t d = 0; d < D; ++d) qf[i * D + d] = static_cast<acc_t>(qrow[d]) * static_cast<acc_t>(scale);
-      }
+      const auto [lo, hi] = load_queries(q, positions, r, 0, queries, T, H, D, scale, window, qf.data(),
+                                         first.data(), last.data());
       const int64_t S = hi - lo + 1;
       scores.assign(queries * S, acc_t(0));
       const scalar_t* keys = key_cache + (slot * L + lo) * row_stride;
@@ -251,16 +264,8 @@ void attend_blocked(const scalar_t* q, const scalar_t* key_cache, const scalar_t
     std::vector<int64_t> first(queries), last(queries);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t r = task / H_kv, g = task % H_kv, slot = slots[r];
-      int64_t lo = positions[r * T], hi = lo;
-      for (int64_t i = 0; i < queries; ++i) {
-        const int64_t h = g * group + i / T, t = i % T;
-        last[i] = positions[r * T + t];
-        first[i] = window > 0 ? std::max<int64_t>(0, last[i] - window + 1) : 0;
-        lo = std::min(lo, first[i]);
-        hi = std::max(hi, last[i]);
-        const scalar_t* qrow = q + ((r * T + t) * H + h) * D;
-        for (int64_t d = 0; d < D; ++d) qf[i * D + d] = static_cast<float>(qrow[d]) * static_cast<float>(scale);
-      }
+      const auto [lo, hi] = load_queries(q, positions, r, g * group, queries, T, H, D, scale, window, qf.data(),
+                                         first.data(), last.data());
       const int64_t S = hi - lo + 1, padded = (S + KEY_BLOCK - 1) / KEY_BLOCK * KEY_BLOCK;
       scores.assign(queries * padded, 0.0f);
       const scalar_t* keys = key_cache + (slot * L + lo) * row_stride + g * D;
