@@ -161,7 +161,8 @@ def torch_threads(count: int | None) -> Iterator[None]:
 
 
 def load_or_measure(runner: ModelRunner, max_rows: int, max_k: int, cache_dir: Path | None = None,
-                    max_context: int = PROFILE_CONTEXT, packed: bool = False, threads: int | None = None) -> CostProfile:
+                    max_context: int = PROFILE_CONTEXT, packed: bool = False,
+                    threads: int | None = None) -> CostProfile:
     """The cached cost profile for this model and machine, measuring (and caching) it if absent; packed: with
     packed rounds (draft trimming prices its cuts with them); threads: the torch threads the rounds it prices run
     on (None: the current count)."""
