@@ -85,8 +85,6 @@ class Engine:
         # from `cost_table` or the cached startup profile); it keeps its statistics across calls.
         self.verify_length = rollout.verify_length if self.drafters or self.coordinator else "fixed"
         self.cost_table = cost_table
-        # regime -> the profile measured on that regime's threads, where it differs from `cost_table`'s
-        self.regime_tables: dict[str, CostTable | CostProfile] = {}
         self.length_policy: VerifyLengthPolicy | None = None
         self.policy_version = 0
         self.vocab_size = target.config.vocab_size
@@ -265,21 +263,22 @@ class Engine:
         current count): plain and in-process rounds on all of them, the drafter workers' arm on the
         verifier's (a second profile, `VerifyLengthPolicy.regime_costs`, where dynamic decoupling switches
         between the two), a decoupled engine that never pauses its workers on the verifier's alone."""
-        table = self.cost_table
+        table, regimes = self.cost_table, None
         if table is None or table.batch_sizes[-1] < max_rows or (table.max_context and table.max_context < max_context):
             total = total_threads or torch.get_num_threads()
             workers_only = self.verifier_threads and not self.dynamic_decoupling
             table = self.cost_table = self._measure_costs(max_rows, max_context,
                                                           self.verifier_threads if workers_only else total)
-            self.regime_tables = {}
+            regimes = {}
             if self.dynamic_decoupling and self.verifier_threads and self.verifier_threads != total:
-                self.regime_tables[DECOUPLED] = self._measure_costs(max_rows, max_context, self.verifier_threads)
+                regimes[DECOUPLED] = self._measure_costs(max_rows, max_context, self.verifier_threads)
         if self.length_policy is None:
             self.length_policy = VerifyLengthPolicy(table, AcceptanceStats(max_k=self.num_draft_tokens),
                                                     prior_share=self._cost_shares())
         else:
             self.length_policy.cost = table
-        self.length_policy.regime_costs = dict(self.regime_tables)
+        if regimes is not None:  # measured now: the policy's per-regime profiles go with the new table
+            self.length_policy.regime_costs = regimes
         # a feed (prefill, catch-up) is a wide forward: a target token of the widest profiled verify, times the share
         rows, width = table.batch_sizes[-1], self.num_draft_tokens + 1
         per_token = table.cost(rows, width) / (rows * width)

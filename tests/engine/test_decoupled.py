@@ -140,10 +140,12 @@ def test_each_cost_profile_is_measured_on_the_threads_its_rounds_run_on(target, 
     from tests.engine.test_dynamic_verify_length import table
 
     measured: list[int] = []
+    tables = []
 
     def measure(*args, **kwargs):
         measured.append(torch.get_num_threads())
-        return table(0.01 * len(measured), 0.001)
+        tables.append(table(0.01 * len(measured), 0.001))
+        return tables[-1]
 
     monkeypatch.setattr(cost_profile, "_load_or_measure", measure)
     previous = torch.get_num_threads()
@@ -159,8 +161,8 @@ def test_each_cost_profile_is_measured_on_the_threads_its_rounds_run_on(target, 
     assert policy is not None
     if dynamic:
         assert measured == [2, 1]
-        assert policy.cost is engine.cost_table and policy.cost_for("solo") is engine.cost_table
-        assert policy.cost_for("decoupled") is engine.regime_tables["decoupled"] is not engine.cost_table
+        assert policy.cost is engine.cost_table is tables[0] and policy.cost_for("solo") is tables[0]
+        assert policy.cost_for("decoupled") is tables[1]  # measured on the verifier's one thread
     else:
         assert measured == [1] and policy.regime_costs == {}
 
