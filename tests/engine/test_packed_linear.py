@@ -55,6 +55,24 @@ def test_fused_projection_equals_each_module(dtype, tolerance, bias):
         assert (got.float() - want.float()).abs().max() <= tolerance * want.float().abs().max()
 
 
+@pytest.mark.parametrize("dtype", [
+    torch.float32,
+    pytest.param(torch.bfloat16, marks=pytest.mark.skipif(not BF16_PACKING, reason="this CPU has no native bf16")),
+])
+def test_a_rows_output_does_not_depend_on_how_many_rows_share_the_call(dtype):
+    """A plain step of one row and a verify of several must compute a row alike (speculation invariance): oneDNN
+    takes other kernels for 1-2 rows, which on the AMD EPYC summed a 1536 -> 4096 projection's single row
+    differently (and streamed its weights ~30% slower); PackedLinear pads such inputs to MIN_ROWS."""
+    torch.manual_seed(0)
+    packed = PackedLinear([nn.Linear(1536, 4096).to(dtype)])
+    x = torch.randn(2, 3, 1536).to(dtype)  # [R, T, K]: 6 rows
+    full = packed(x)
+    assert packed(x[:1, :1]).shape == (1, 1, 4096)
+    for rows in (1, 2, 3, 5):
+        flat = x.reshape(6, 1536)[:rows]
+        assert torch.equal(packed(flat), full.reshape(6, 4096)[:rows]), rows
+
+
 def test_an_in_place_weight_update_is_picked_up():
     """A weight sync copies into the parameters: the packed copy must follow (it is keyed by the
     parameters' version counters), not keep serving the old policy."""
