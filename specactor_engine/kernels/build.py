@@ -35,6 +35,17 @@ def machine_tag() -> str:
     return hashlib.sha256(f"{flags}|{torch.__version__}".encode()).hexdigest()[:12]
 
 
+@functools.lru_cache(maxsize=1)
+def sources_digest() -> str:
+    """A digest of the CPU kernels' sources (the C++, the Python that calls it, the packed linears): what a build,
+    and any cost measured with it, depends on besides the CPU and torch."""
+    packed_linear = Path(__file__).parents[1] / "model" / "packed_linear.py"
+    digest = hashlib.sha256()
+    for source in (*SOURCES, *sorted(Path(__file__).parent.glob("*.py")), packed_linear):
+        digest.update(source.name.encode() + b"\0" + source.read_bytes())
+    return digest.hexdigest()[:12]
+
+
 def build_directory() -> Path:
     """Where this machine's build lives (and its lock file)."""
     from torch.utils.cpp_extension import get_default_build_root

@@ -6,7 +6,7 @@ batch sizes and widths (1..max_k+1) at two committed contexts (a short one and t
 longest, rounded up to a bucket; cost is linear in context in between) and stored as a
 `CostProfile` under `<cache dir>/cost_profiles/<key>.json`; the key covers what the cost depends
 on (architecture, dtype, thread count, CPU model, torch version, the grid, the engine's cost-model
-version), not the weights' values, so a policy update reuses it.
+version, the CPU kernels' sources where they run), not the weights' values, so a policy update reuses it.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from typing import Iterator
 import numpy as np
 import torch
 
+from specactor_engine.kernels.build import sources_digest
 from specactor_engine.model.runner import ModelRunner
 from specactor_engine.sampling import SamplingParams, sample_tokens
 from specactor_engine.policies.verify_length import CostProfile, CostTable
@@ -75,6 +76,8 @@ def profile_key(runner: ModelRunner, batches: tuple[int, ...], widths: tuple[int
         "batches": batches, "widths": widths, "context": context, "version": COST_MODEL_VERSION,
         "cpu_kernels": [runner.projections is not None, runner.paged_attention],
     }
+    if runner.projections is not None or runner.paged_attention:  # a kernel edit makes its costs stale by itself
+        facts["kernel_sources"] = sources_digest()
     if packed:  # profiles without packed rounds keep their keys (and caches)
         facts["packed"] = PACKED_MAX_ROWS
     return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -137,6 +137,26 @@ def test_cost_profile_is_measured_once_and_cached(tmp_path):
     assert len(list((tmp_path / "cost_profiles").glob("*.json"))) == 2
 
 
+def test_a_kernel_edit_makes_the_cached_profile_stale(tmp_path, monkeypatch):
+    """The profile key covers the CPU kernels' sources: after an edit the rounds are measured again rather than
+    priced as the old kernel ran them (session 35 found a profile that had outlived its kernel)."""
+    from specactor_engine.kernels.build import sources_digest
+    from specactor_engine.policies import cost_profile
+
+    runner = ModelRunner(make_tiny_model("llama", seed=2))
+    assert runner.paged_attention  # a CPU runner on the engine's kernels
+    load_or_measure(runner, max_rows=1, max_k=1, cache_dir=tmp_path)
+    assert len(list((tmp_path / "cost_profiles").glob("*.json"))) == 1
+    assert len(sources_digest()) == 12
+    monkeypatch.setattr(cost_profile, "sources_digest", lambda: "edited-kernel")
+    load_or_measure(runner, max_rows=1, max_k=1, cache_dir=tmp_path)
+    assert len(list((tmp_path / "cost_profiles").glob("*.json"))) == 2  # measured again under a new key
+    plain = ModelRunner(make_tiny_model("llama", seed=2), packed_linear=False, paged_attention=False)
+    key_then = cost_profile.profile_key(plain, (1,), (1, 2), 256)
+    monkeypatch.setattr(cost_profile, "sources_digest", lambda: "edited-again")
+    assert cost_profile.profile_key(plain, (1,), (1, 2), 256) == key_then  # torch's own ops: no kernel in the key
+
+
 def test_engine_profiles_on_first_dynamic_generate(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECACTOR_CACHE_DIR", str(tmp_path))
     target = make_tiny_model("llama", seed=2)
