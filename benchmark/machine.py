@@ -61,6 +61,29 @@ def git_info(root: Path = REPO_ROOT) -> dict[str, Any]:
     return {"commit": git("rev-parse", "HEAD"), "dirty": bool(status) if status is not None else None}
 
 
+PROBE_BYTES = 256 * 2**20  # far beyond the last-level cache (32 MiB on the AMD EPYC)
+PROBE_PASSES = 12
+
+
+def read_bandwidth_gbps(passes: int = PROBE_PASSES) -> float:
+    """The machine's memory read bandwidth right now, GB/s: the median of `passes` sums over a buffer far larger
+    than the caches, on this process's torch threads (~0.1 s).
+
+    A decode step at a few rows streams every weight once, so its time follows this figure; on the shared 2-core
+    machines it moved between ~32 and ~45 GB/s over tens of seconds with nothing of ours running
+    (bench/session36), which is what made whole runs of one system ~25% slower than another's. Read at the start
+    and the end of each timed run, it says which state a run met."""
+    import torch
+
+    buffer = torch.ones(PROBE_BYTES // 2, dtype=torch.bfloat16)
+    seconds = []
+    for _ in range(passes):
+        started = time.perf_counter()
+        buffer.sum()
+        seconds.append(time.perf_counter() - started)
+    return PROBE_BYTES / sorted(seconds)[len(seconds) // 2] / 1e9
+
+
 def machine_info(threads: int) -> dict[str, Any]:
     memory = None
     try:

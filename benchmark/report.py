@@ -25,7 +25,7 @@ def _ratio(entry: dict[str, Any], reference: dict[str, Any] | None) -> str:
 
 
 COLUMNS = ("system", "runs", "makespan s", "tokens/s", "vs ar", "output tokens", "tail share", "accept len",
-           "accept rate", "identical to ar", "peak RSS MB", "load s", "load avg", "others' CPU")
+           "accept rate", "identical to ar", "peak RSS MB", "load s", "load avg", "others' CPU", "memory GB/s")
 
 
 def system_row(name: str, entry: dict[str, Any], reference: dict[str, Any] | None) -> list[str]:
@@ -35,6 +35,7 @@ def system_row(name: str, entry: dict[str, Any], reference: dict[str, Any] | Non
         _cell(entry["mean_accept_len"], ".2f"), _cell(entry["acceptance_rate"], ".3f"),
         _cell(entry["identical_to_ar"], ".3f"), _cell(entry["peak_rss_mb"], ".0f"), _cell(entry["load_s"], ".1f"),
         _cell(entry["loadavg_1m_start"], ".2f"), _cell(entry.get("others_cpu_share", []), ".0%"),
+        _cell(entry.get("mem_read_gbps", []), ".0f"),
     ]
 
 
@@ -63,7 +64,9 @@ def render_markdown(results: dict[str, Any]) -> str:
         "Median (min-max) over repeats; model load and warm-up excluded from the makespan. Tail share: time after "
         "75% of the sequences finished, over the makespan. Accept len: tokens per row per target forward. "
         "Load avg: the 1-minute load average when each run started; others' CPU: the share of the machine's CPU time "
-        "other processes used during the timed run (0% = quiet; 50% = one of the two cores was taken).",
+        "other processes used during the timed run (0% = quiet; 50% = one of the two cores was taken); memory GB/s: "
+        "the machine's memory read bandwidth at the start and end of each timed run (a few-row decode step follows it; "
+        "on shared machines it moves by tens of percent over tens of seconds).",
         "",
         "| " + " | ".join(COLUMNS) + " |",
         "|" + "---|" * len(COLUMNS),

@@ -36,7 +36,7 @@ logger = logging.getLogger(__name__)
 REFERENCE_SYSTEM = "ar"
 PER_RUN_FIGURES = ("makespan_s", "tokens_per_s", "output_tokens", "tail_s", "tail_share", "mean_accept_len",
                    "acceptance_rate", "peak_rss_mb", "load_s", "warmup_s", "prepare_s", "loadavg_1m_start", "cpu_share",
-                   "others_cpu_share")
+                   "others_cpu_share", "mem_read_gbps")
 MAX_LISTED_MISMATCHES = 50
 
 
@@ -162,9 +162,10 @@ def run_bench(plan: BenchPlan, command: str = "") -> dict[str, Any]:
                 errors[system] = str(exc)
                 continue
             runs[system].append(result)
-            logger.info("repeat %d %-8s %7.1f s  %6.1f tok/s  accept len %.2f  load avg %.2f  others' CPU %.0f%%",
-                        repeat, system, result["makespan_s"], result["tokens_per_s"], result["mean_accept_len"],
-                        result["loadavg_1m_start"], 100 * (result["others_cpu_share"] or 0))
+            logger.info("repeat %d %-8s %7.1f s  %6.1f tok/s  accept len %.2f  load avg %.2f  others' CPU %.0f%%  "
+                        "memory %.0f GB/s", repeat, system, result["makespan_s"], result["tokens_per_s"],
+                        result["mean_accept_len"], result["loadavg_1m_start"], 100 * (result["others_cpu_share"] or 0),
+                        result["mem_read_gbps"])
             if system == REFERENCE_SYSTEM:
                 reference = runs_dir / f"{system}-{repeat}.reference.json"
                 write_references(reference, plan.trace.seed, result["sequences"])
@@ -211,8 +212,8 @@ def aggregate(runs: dict[str, list[dict[str, Any]]], errors: dict[str, str]) -> 
     summary: dict[str, Any] = {}
     for system, results in runs.items():
         entry: dict[str, Any] = {"repeats": len(results)}
-        for figure in PER_RUN_FIGURES:
-            entry[figure] = [r[figure] for r in results]
+        for figure in PER_RUN_FIGURES:  # None where a run predates the figure (--report-only on older runs)
+            entry[figure] = [r.get(figure) for r in results]
         entry["identical_to_ar"], entry["mismatches"] = _identity(results, reference)
         entry["time_split"] = [time_split(r.get("engine_stats")) for r in results]
         entry["drafter_use"] = [drafter_use(r.get("engine_stats")) for r in results]

@@ -23,7 +23,7 @@ from typing import Any, Callable, TypeVar
 
 import torch
 
-from benchmark.machine import busy_cpu_s
+from benchmark.machine import busy_cpu_s, read_bandwidth_gbps
 from benchmark.metrics import tail_time
 from benchmark.systems import FinishClock, Generation, RunSpec, build_system
 from benchmark.traces import build_requests, sampling_config
@@ -49,6 +49,7 @@ def run_once(spec: RunSpec) -> dict[str, Any]:
     system.set_history(requests, history)
     _, prepare_s = _timed(system.prepare, requests, sampling)
     gc.collect()
+    bandwidth_start = read_bandwidth_gbps()  # the machine's state as the timed run starts (machine.py)
     clock = FinishClock()
     profiler = cProfile.Profile() if spec.profile_path else None
     if profiler is not None:
@@ -61,12 +62,15 @@ def run_once(spec: RunSpec) -> dict[str, Any]:
     if profiler is not None:
         profiler.disable()
         profiler.dump_stats(spec.profile_path)
+    bandwidth_end = read_bandwidth_gbps()
     system.close()
     # a system that runs in a child process (vLLM) reports that process's peak
     peak = max(peak_rss_mb(), getattr(system, "peak_rss_mb", 0.0))
     return _figures(spec, generation, clock, makespan_s) | contention | {
         "load_s": load_s, "warmup_s": warmup_s, "prepare_s": prepare_s, "peak_rss_mb": peak,
         "loadavg_1m_start": loadavg_start, "loadavg_1m_end": os.getloadavg()[0], "threads": torch.get_num_threads(),
+        "mem_read_gbps": (bandwidth_start + bandwidth_end) / 2, "mem_read_gbps_start_end": [bandwidth_start,
+                                                                                          bandwidth_end],
     }
 
 

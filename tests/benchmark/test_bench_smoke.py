@@ -24,7 +24,7 @@ from specactor_engine.state import SequenceState
 from tests.fixtures.tiny_models import save_tiny_model
 
 SYSTEM_KEYS = {"makespan_s", "tokens_per_s", "output_tokens", "tail_share", "mean_accept_len", "acceptance_rate",
-               "identical_to_ar", "peak_rss_mb", "load_s", "repeats"}
+               "identical_to_ar", "peak_rss_mb", "load_s", "repeats", "mem_read_gbps"}
 NUM_SEQUENCES = 4
 
 
@@ -56,6 +56,7 @@ def test_results_have_every_figure(bench_results):
         assert len(entry["makespan_s"]) == len(entry["tokens_per_s"]) == 1
         assert 0 < entry["output_tokens"][0] <= NUM_SEQUENCES * 6
         assert 0.0 <= entry["tail_share"][0] <= 1.0
+        assert 0.1 < entry["mem_read_gbps"][0] < 10_000, name  # the machine's read bandwidth around the run, GB/s
     table, _, split = (out / "results.md").read_text().partition("Where the time went")
     split, _, use = split.partition("Drafter use")
     assert table.count("| `") == 7
