@@ -70,7 +70,7 @@ def read_bandwidth_gbps(passes: int = PROBE_PASSES) -> float:
     than the caches, on this process's torch threads (~0.1 s).
 
     A decode step at a few rows streams every weight once, so its time follows this figure; on the shared 2-core
-    machines it moved between ~32 and ~45 GB/s over tens of seconds with nothing of ours running
+    machines it moved between ~34 and ~48 GB/s over tens of seconds with nothing of ours running
     (bench/session36), which is what made whole runs of one system ~25% slower than another's. Read at the start
     and the end of each timed run, it says which state a run met."""
     import torch
