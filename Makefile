@@ -169,7 +169,9 @@ $(DRAFTER_SMOLLM2)/.complete: $(DRAFTER_DATA)/rollouts.jsonl | $(STAMP)
 # steps) agrees on 0.776 of the same; head over 1,275 tokens (v2). v2 trained at a constant rate; v3 resumes it for
 # 300 steps at a third of it (session 31: 14.5 min, 2.9 s a step; held-out top-1 0.869). v4 resumes v3 for 300 steps
 # of training-time test (--passes 3: each position also trained as the second and third draft step, reading the
-# drafter's own predicted features; session 33: ~8 s a step, ~42 min).
+# drafter's own predicted features; session 33: ~8 s a step, ~42 min). Since session 37 every stage's steps run
+# under bf16 autocast (`drafter feature`'s default, --bf16-autocast: fp32 weights and optimizer, bf16 matmuls),
+# ~1.6x faster steps on the AMD EPYC; the times above are the fp32 steps'.
 DRAFTER_FEATURE_V2 := runs/drafters/qwen1.5b-feature-v2
 DRAFTER_FEATURE_V3 := runs/drafters/qwen1.5b-feature-v3
 DRAFTER_FEATURE := runs/drafters/qwen1.5b-feature-v4

@@ -461,6 +461,9 @@ def drafter_feature(
         "--feature-dtype", help="The target's dtype for the features' pass (default: --dtype): bfloat16 gives the "
         "features a bf16-served target computes, and runs faster on a CPU with bf16 units; the drafter still "
         "trains in --dtype.")] = None,
+    bf16_autocast: Annotated[bool, typer.Option(
+        "--bf16-autocast/--no-bf16-autocast", help="Training steps' matmuls in bfloat16 (weights, optimizer and "
+        "the loss's softmaxes stay in --dtype float32): ~1.6x faster steps on CPUs with AVX-512 BF16.")] = True,
     cache_dir: CacheDirOption = None,
 ) -> None:
     """Train a feature-level drafter (EAGLE-style: one decoder layer over the target's last hidden states) on the
@@ -471,7 +474,7 @@ def drafter_feature(
     job = FeatureJob(target=target, data=data, out=out, dtype=dtype, cache_dir=cache_dir, steps=steps,
                      batch_size=batch_size, lr=lr, save_every=save_every, max_minutes=max_minutes, samples=samples,
                      max_new_tokens=max_new_tokens, seed=seed, draft_vocab=draft_vocab, feature_weight=feature_weight,
-                     noise=noise, passes=passes, feature_dtype=feature_dtype)
+                     noise=noise, passes=passes, feature_dtype=feature_dtype, bf16_autocast=bf16_autocast)
     with user_errors(DistillDataError, ValueError):
         result = run_feature_distill(job, _ConsoleReporter())
     loss = "" if result.loss_first is None else f", loss {result.loss_first:.3f} -> {result.loss_last:.3f}"

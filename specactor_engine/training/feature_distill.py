@@ -85,16 +85,21 @@ class FeatureDistillBudget:
     feature_weight: float = 1.0
     noise: float = 0.1
     passes: int = 1  # draft steps trained per position (FeatureDistiller)
+    autocast: torch.dtype | None = None  # the steps' matmuls in this dtype (FeatureDistiller)
 
 
 class FeatureDistiller:
     """Optimizer steps of a feature drafter against its target (module docstring); its state can be saved."""
 
     def __init__(self, model: FeatureDraftModel, target: nn.Module, lr: float, vocab_ids: torch.Tensor | None = None,
-                 seed: int = 0, feature_weight: float = 1.0, noise: float = 0.1, passes: int = 1) -> None:
+                 seed: int = 0, feature_weight: float = 1.0, noise: float = 0.1, passes: int = 1,
+                 autocast: torch.dtype | None = None) -> None:
         """passes: the draft steps each position is trained for (`FeatureDraftModel.forward_unrolled`): 1 trains on
         the target's features only; p > 1 adds the steps that read the drafter's own predictions, each with the
-        same loss (a pass costs about as much as the first)."""
+        same loss (a pass costs about as much as the first).
+        autocast: run a training step's forward and backward under torch.autocast in this dtype (bfloat16: about
+        1.6x faster steps on a CPU with AVX-512 BF16); the weights, the optimizer, the teacher's distribution
+        and the softmaxes stay in the model's dtype. Evaluation (`loss` called directly) is not autocast."""
         if passes < 1:
             raise ValueError(f"passes must be at least 1, got {passes}")
         self.passes = passes
@@ -104,6 +109,7 @@ class FeatureDistiller:
         self.vocab_ids = vocab_ids  # the head's token ids (None: the whole vocabulary)
         self.head_rows = weight if vocab_ids is None else weight[vocab_ids.to(weight.device)]  # [N, d], frozen
         self.feature_weight, self.noise = feature_weight, noise
+        self.autocast = autocast
         self.rng = random.Random(seed)
         self.generator = torch.Generator().manual_seed(seed)
         self.optimizer = torch.optim.AdamW([p for p in model.parameters()], lr=lr)
@@ -128,7 +134,7 @@ class FeatureDistiller:
         for p, g in enumerate(outputs, start=1):
             at = valid.clone()
             at[:, : p - 1] = False  # pass p needs p - 1 earlier positions
-            with torch.no_grad():
+            with torch.no_grad(), torch.autocast(features.device.type, enabled=False):  # exact targets
                 teacher = (features[at] @ self.head_rows.T).float().softmax(dim=-1)  # [n, N]
             log_q = (g[at] @ self.head_rows.T).float().log_softmax(dim=-1)
             ce = -(teacher * log_q).sum(dim=-1).mean()
@@ -155,7 +161,9 @@ class FeatureDistiller:
         """One optimizer step on a random batch; returns the loss and its parts."""
         self.model.train().requires_grad_(True)
         ids, feats, valid = self.batch(pairs, features, batch_size)
-        loss, parts = self.loss(ids, feats, valid)
+        autocast = self.autocast is not None
+        with torch.autocast(feats.device.type, dtype=self.autocast or torch.bfloat16, enabled=autocast):
+            loss, parts = self.loss(ids, feats, valid)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         self.optimizer.step()
@@ -196,7 +204,7 @@ def distill_features(model: FeatureDraftModel, target: nn.Module, pairs: Sequenc
     started = time.perf_counter()
     features = target_features(target, usable, budget.batch_size)
     distiller = FeatureDistiller(model, target, budget.lr, vocab_ids, budget.seed, budget.feature_weight, budget.noise,
-                                 budget.passes)
+                                 budget.passes, budget.autocast)
     history: list[dict[str, float]] = []
     try:
         for _ in range(budget.max_steps):

@@ -62,6 +62,12 @@ class FeatureJob:
     # the target's dtype for the features' pass (None: `dtype`): the drafter then reads, while training, features
     # as a target served in it computes them; bfloat16 also runs the pass faster on a CPU with bf16 units
     feature_dtype: Dtype | None = None
+    bf16_autocast: bool = True  # training steps' matmuls in bfloat16 (fp32 weights only; FeatureDistiller)
+
+    @property
+    def autocast(self) -> torch.dtype | None:
+        """bfloat16 autocast speeds up fp32 weights only; other dtypes train as they are."""
+        return torch.bfloat16 if self.bf16_autocast and self.dtype == "float32" else None
 
 
 @dataclass(frozen=True)
@@ -221,7 +227,8 @@ def _model_and_trainer(job: FeatureJob, target: nn.Module, vocab: torch.Tensor |
     state_path = job.out / STATE_FILE
     resuming = state_path.exists()
     model = FeatureDraftModel.load(job.out, target) if resuming else FeatureDraftModel(target)
-    distiller = FeatureDistiller(model, target, job.lr, vocab, job.seed, job.feature_weight, job.noise, job.passes)
+    distiller = FeatureDistiller(model, target, job.lr, vocab, job.seed, job.feature_weight, job.noise, job.passes,
+                                 job.autocast)
     if resuming:
         state = torch.load(state_path, weights_only=False)
         saved_lr = state["optimizer"]["param_groups"][0]["lr"]
@@ -234,7 +241,8 @@ def _model_and_trainer(job: FeatureJob, target: nn.Module, vocab: torch.Tensor |
 def _save(job: FeatureJob, model: FeatureDraftModel, distiller: FeatureDistiller,
           report: dict[str, Any] | None = None) -> None:
     """Weights first, then the trainer state: a state on disk always has its weights."""
-    model.save(job.out, extra={"steps": distiller.steps, "passes": job.passes, **(report or {})})
+    model.save(job.out, extra={"steps": distiller.steps, "passes": job.passes,
+                               "bf16_autocast": job.autocast is not None, **(report or {})})
     torch.save(distiller.state_dict(), job.out / STATE_FILE)
     if report is not None:
         (job.out / REPORT_FILE).write_text(json.dumps({"steps": distiller.steps, **report}, indent=1) + "\n",

@@ -34,8 +34,10 @@ def test_from_prompts_then_resume(tmp_path: Path):
     assert "held-out top-1 agreement" in " ".join(first.output.split())
     # not a terminal: each phase's progress as lines, not a bar that prints nothing until the end
     assert "target features: 12/12," in first.output and "training: 2/2, " in first.output and "loss " in first.output
-    second = runner.invoke(app, feature_args(target, prompts, out, "--steps", "4"))
+    assert json.loads((out / "feature_drafter.json").read_text())["bf16_autocast"] is True  # the default
+    second = runner.invoke(app, feature_args(target, prompts, out, "--steps", "4", "--no-bf16-autocast"))
     assert second.exit_code == 0, second.output
+    assert json.loads((out / "feature_drafter.json").read_text())["bf16_autocast"] is False
     text = " ".join(second.output.split())
     assert "resuming the feature drafter" in text and "after 4 steps (2 now" in text
     assert torch.load(out / STATE_FILE, weights_only=False)["steps"] == 4

@@ -40,14 +40,15 @@ def test_features_are_the_target_s_last_hidden_states_per_sample():
         torch.testing.assert_close(f.float(), want, atol=2e-3, rtol=2e-3)
 
 
-def test_distillation_lowers_the_loss_and_raises_the_greedy_agreement():
+@pytest.mark.parametrize("autocast", [None, torch.bfloat16], ids=["fp32", "bf16-autocast"])
+def test_distillation_lowers_the_loss_and_raises_the_greedy_agreement(autocast):
     """Steps on the target's own samples: on a fixed batch (no input noise), the loss falls and the drafter's
-    greedy token agrees with the target's more often than before."""
+    greedy token agrees with the target's more often than before, with fp32 steps and with bf16-autocast ones."""
     target = make_tiny_model("qwen2", seed=2, num_layers=2)
     pairs = target_samples(target)
     features = target_features(target, pairs)
     model = FeatureDraftModel(target)
-    distiller = FeatureDistiller(model, target, lr=3e-3, seed=0)
+    distiller = FeatureDistiller(model, target, lr=3e-3, seed=0, autocast=autocast)
     probe = distiller.batch(pairs, features, len(pairs))
     with torch.no_grad():
         loss_before, before = distiller.loss(*probe, noise=False)
@@ -59,6 +60,26 @@ def test_distillation_lowers_the_loss_and_raises_the_greedy_agreement():
     assert float(loss_after) < 0.7 * float(loss_before)
     assert after["top1"] > before["top1"] + 0.1, (before, after)
     assert not any(p.requires_grad for p in model.parameters())
+
+
+def test_an_autocast_step_computes_in_bf16_and_keeps_fp32_weights_and_optimizer():
+    """The same first step with and without bf16 autocast: the loss is the fp32 one to bf16's precision but not
+    bit-equal (the matmuls did run in bf16), and the weights and Adam's moments stay fp32."""
+    target = make_tiny_model("qwen2", seed=2, num_layers=2)
+    pairs = target_samples(target, count=4)
+    features = target_features(target, pairs)
+    losses, models = {}, {}
+    for name, autocast in (("fp32", None), ("bf16", torch.bfloat16)):
+        models[name] = FeatureDraftModel(target)
+        distiller = FeatureDistiller(models[name], target, lr=3e-3, seed=0, passes=2, autocast=autocast)
+        losses[name] = distiller.step(pairs, features, batch_size=4)["loss"]
+        assert all(p.dtype == torch.float32 for p in models[name].parameters())
+        moments = [t for s in distiller.optimizer.state.values() for t in s.values() if t.dim() > 0]
+        assert moments and all(t.dtype == torch.float32 for t in moments)
+    assert losses["bf16"] != losses["fp32"]
+    assert losses["bf16"] == pytest.approx(losses["fp32"], rel=2e-2)
+    changed = [(a - b).abs().max().item() for a, b in zip(models["fp32"].parameters(), models["bf16"].parameters())]
+    assert max(changed) > 0  # the bf16 step's update differs, as its gradients do
 
 
 def test_unrolled_passes_are_the_drafting_steps():
