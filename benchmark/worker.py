@@ -69,8 +69,8 @@ def run_once(spec: RunSpec) -> dict[str, Any]:
     return _figures(spec, generation, clock, makespan_s) | contention | {
         "load_s": load_s, "warmup_s": warmup_s, "prepare_s": prepare_s, "peak_rss_mb": peak,
         "loadavg_1m_start": loadavg_start, "loadavg_1m_end": os.getloadavg()[0], "threads": torch.get_num_threads(),
-        "mem_read_gbps": (bandwidth_start + bandwidth_end) / 2, "mem_read_gbps_start_end": [bandwidth_start,
-                                                                                          bandwidth_end],
+        "mem_read_gbps": (bandwidth_start + bandwidth_end) / 2,
+        "mem_read_gbps_start_end": [bandwidth_start, bandwidth_end],
     }
 
 
