@@ -170,14 +170,18 @@ $(DRAFTER_SMOLLM2)/.complete: $(DRAFTER_DATA)/rollouts.jsonl | $(STAMP)
 # 300 steps at a third of it (session 31: 14.5 min, 2.9 s a step; held-out top-1 0.869). v4 resumes v3 for 300 steps
 # of training-time test (--passes 3: each position also trained as the second and third draft step, reading the
 # drafter's own predicted features; session 33: ~8 s a step, ~42 min). Since session 37 every stage's steps run
-# under bf16 autocast (`drafter feature`'s default, --bf16-autocast: fp32 weights and optimizer, bf16 matmuls),
-# ~1.6x faster steps on the AMD EPYC; the times above are the fp32 steps'.
+# under bf16 autocast (`drafter feature`'s default, --bf16-autocast: fp32 weights, optimizer and teacher, bf16
+# matmuls); the times above are the fp32 steps'. Session 37, a fresh build on the same kind of machine: rollouts 35
+# min (bf16 20, fp32 13), features 22.5 min, v2's 789 steps 20 min (1.5 s a step), v3's 300 7.3 min (1.45 s), v4's
+# 300 21.5 min (4.3 s), each stage's held-out scoring ~4 min: 117 min in all. Held out: v2 top-1 0.843, v3 0.870,
+# v4 0.871 and acceptance 0.857 / 0.765 / 0.703 at draft steps 1 / 2 / 3 (fp32 steps: 0.838, 0.869, and v4's
+# 0.854 / 0.765 / 0.707).
 DRAFTER_FEATURE_V2 := runs/drafters/qwen1.5b-feature-v2
 DRAFTER_FEATURE_V3 := runs/drafters/qwen1.5b-feature-v3
 DRAFTER_FEATURE := runs/drafters/qwen1.5b-feature-v4
 DRAFTER_FEATURE_DATA_V1 := runs/drafters/qwen1.5b-feature-data
 DRAFTER_FEATURE_DATA := runs/drafters/feature-v2-data
-drafter-feature: $(DRAFTER_FEATURE)/.complete ## train the 1.5B target's feature-level drafter (~150 min; skipped when present)
+drafter-feature: $(DRAFTER_FEATURE)/.complete ## train the 1.5B target's feature-level drafter (~120 min; skipped when present)
 
 # $(call feature_rollouts,DIR,PROMPTS PER TASK,SEED,DTYPE,ROWS,EXTRA --set ...): the 1.5B's rollouts of chain_sum and
 # basic_arithmetic prompts, 2 samples each, into DIR/rollouts.jsonl
