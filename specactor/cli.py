@@ -463,7 +463,7 @@ def drafter_feature(
         "trains in --dtype.")] = None,
     bf16_autocast: Annotated[bool, typer.Option(
         "--bf16-autocast/--no-bf16-autocast", help="Training steps' matmuls in bfloat16 (weights, optimizer and "
-        "the loss's softmaxes stay in --dtype float32): ~1.6x faster steps on CPUs with AVX-512 BF16.")] = True,
+        "the loss's softmaxes stay in --dtype float32): 1.5-2x faster steps on CPUs with AVX-512 BF16.")] = True,
     cache_dir: CacheDirOption = None,
 ) -> None:
     """Train a feature-level drafter (EAGLE-style: one decoder layer over the target's last hidden states) on the

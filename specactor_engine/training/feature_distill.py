@@ -97,8 +97,8 @@ class FeatureDistiller:
         """passes: the draft steps each position is trained for (`FeatureDraftModel.forward_unrolled`): 1 trains on
         the target's features only; p > 1 adds the steps that read the drafter's own predictions, each with the
         same loss (a pass costs about as much as the first).
-        autocast: run a training step's forward and backward under torch.autocast in this dtype (bfloat16: about
-        1.6x faster steps on a CPU with AVX-512 BF16); the weights, the optimizer, the teacher's distribution
+        autocast: run a training step's forward and backward under torch.autocast in this dtype (bfloat16: 1.5-2x
+        faster steps on a CPU with AVX-512 BF16); the weights, the optimizer, the teacher's distribution
         and the softmaxes stay in the model's dtype. Evaluation (`loss` called directly) is not autocast."""
         if passes < 1:
             raise ValueError(f"passes must be at least 1, got {passes}")
