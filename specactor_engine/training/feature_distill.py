@@ -17,8 +17,9 @@ accepted 0.848 / 0.663 / 0.535 of the time at draft steps 1 / 2 / 3 (shared-nois
 
 The target's features of every sample are computed once (`target_features`, one forward per batch) and,
 in a training run (`run_feature_distill`), cached in the output directory in fp16 so a resumed run does
-not recompute them. `distill_features` is the bounded refresh the post-training flow runs after a policy
-update: the new policy's features on the step's rollouts, a few steps.
+not recompute them (nor, when samples were appended to the data file, those it had).
+`distill_features` is the bounded refresh the post-training flow runs after a policy update: the new
+policy's features on the step's rollouts, a few steps.
 """
 
 from __future__ import annotations
@@ -225,16 +226,25 @@ def distill_features(model: FeatureDraftModel, target: nn.Module, pairs: Sequenc
 def load_or_compute_features(out: Path, target: nn.Module | Callable[[], nn.Module], pairs: Sequence[Pair],
                              batch_size: int = 4, on_batch: Callable[[int], None] | None = None
                              ) -> list[torch.Tensor]:
-    """`target_features` of `pairs`, cached in out/target_features.pt (recomputed if it does not match).
-    target: the model, or a function that loads it (called only when the cache does not serve)."""
+    """`target_features` of `pairs`, cached in out/target_features.pt. A cache that matches the first samples
+    serves them (data appended to a run's file: only the new samples are computed); one that does not match
+    them is recomputed. A sample matches when its cached features have its length.
+    target: the model, or a function that loads it (called only when the cache does not serve them all)."""
     path = out / FEATURES_FILE
+    cached: list[torch.Tensor] = []
     if path.exists():
         cached = torch.load(path, weights_only=True)
-        if len(cached) == len(pairs) and all(len(f) == len(p) + len(o) for f, (p, o) in zip(cached, pairs)):
+        if len(cached) > len(pairs) or any(len(f) != len(p) + len(o) for f, (p, o) in zip(cached, pairs)):
+            logger.warning("%s does not match the samples; recomputing", path)
+            cached = []
+        elif len(cached) == len(pairs):
             return cached
-        logger.warning("%s does not match the samples; recomputing", path)
+        else:
+            logger.info("%s serves the first %d of %d samples; computing the rest", path, len(cached), len(pairs))
+    served = len(cached)
     model = target if isinstance(target, nn.Module) else target()
-    features = target_features(model, pairs, batch_size, on_batch)
+    report = None if on_batch is None else (lambda done: on_batch(served + done))
+    features = cached + target_features(model, pairs[served:], batch_size, report)
     out.mkdir(parents=True, exist_ok=True)
     torch.save(features, path)
     return features

@@ -16,7 +16,8 @@ from specactor_engine.engine import Engine
 from specactor_engine.model.feature_draft import FeatureDraftModel
 from specactor_engine.model.runner import load_hf_model
 from specactor_engine.training.feature_distill import (FEATURES_FILE, FeatureDistillBudget, FeatureDistiller,
-                                                       distill_features, target_features)
+                                                       distill_features, load_or_compute_features,
+                                                       target_features)
 from specactor_engine.training.feature_job import (FeatureJob, best_temperature_scale, held_out_acceptance,
                                                    run_feature_distill)
 from specactor_engine.training.samples import DistillDataError
@@ -38,6 +39,24 @@ def test_features_are_the_target_s_last_hidden_states_per_sample():
             want = target.model(input_ids=torch.tensor([prompt + output])).last_hidden_state[0]
         assert f.dtype == torch.float16 and f.shape == want.shape
         torch.testing.assert_close(f.float(), want, atol=2e-3, rtol=2e-3)
+
+
+def test_the_feature_cache_serves_the_samples_it_has_and_computes_only_those_appended(tmp_path: Path):
+    target = make_tiny_model("qwen2", seed=2)
+    pairs = [([1, 2, 3], [4, 5]), ([6, 7], [8, 9, 10, 11]), ([3, 4], [5]), ([9], [8, 7, 6])]
+    first = load_or_compute_features(tmp_path, target, pairs[:2])
+    marked = [torch.full_like(f, 7.0) for f in first]  # cached values no forward computes
+    torch.save(marked, tmp_path / FEATURES_FILE)
+    computed: list[int] = []
+    features = load_or_compute_features(tmp_path, lambda: target, pairs, on_batch=computed.append)
+    assert all(torch.equal(f, m) for f, m in zip(features[:2], marked))  # served from the cache
+    assert all(torch.equal(f, w) for f, w in zip(features[2:], target_features(target, pairs[2:])))
+    assert computed[-1] == len(pairs)  # progress counts the served samples too
+    saved = torch.load(tmp_path / FEATURES_FILE, weights_only=True)
+    assert len(saved) == len(pairs) and torch.equal(saved[0], marked[0])
+    # a cache that does not match the first samples (other lengths) is recomputed whole
+    served = load_or_compute_features(tmp_path, target, [pairs[1], pairs[0]])
+    assert all(torch.equal(f, w) for f, w in zip(served, target_features(target, [pairs[1], pairs[0]])))
 
 
 @pytest.mark.parametrize("autocast", [None, torch.bfloat16], ids=["fp32", "bf16-autocast"])
