@@ -175,13 +175,18 @@ $(DRAFTER_SMOLLM2)/.complete: $(DRAFTER_DATA)/rollouts.jsonl | $(STAMP)
 # min (bf16 20, fp32 13), features 22.5 min, v2's 789 steps 20 min (1.5 s a step), v3's 300 7.3 min (1.45 s), v4's
 # 300 21.5 min (4.3 s), each stage's held-out scoring ~4 min: 117 min in all. Held out: v2 top-1 0.843, v3 0.870,
 # v4 0.871 and acceptance 0.857 / 0.765 / 0.703 at draft steps 1 / 2 / 3 (fp32 steps: 0.838, 0.869, and v4's
-# 0.854 / 0.765 / 0.707).
+# 0.854 / 0.765 / 0.707). v5 (session 38) resumes v4 for 400 more steps of training-time test on the data with 512
+# more bf16 samples appended (seed 3000): rollouts 19.5 min, the new samples' features 17.8 min (v4's cache serves
+# the first 640), 400 steps 27.7 min (4.15 s), held-out scoring over 116 samples 7 min: ~75 min more, ~190 in all.
+# Held out (the 116 include v4's 64): top-1 0.882, acceptance 0.867 / 0.799 / 0.751.
 DRAFTER_FEATURE_V2 := runs/drafters/qwen1.5b-feature-v2
 DRAFTER_FEATURE_V3 := runs/drafters/qwen1.5b-feature-v3
-DRAFTER_FEATURE := runs/drafters/qwen1.5b-feature-v4
+DRAFTER_FEATURE_V4 := runs/drafters/qwen1.5b-feature-v4
+DRAFTER_FEATURE := runs/drafters/qwen1.5b-feature-v5
 DRAFTER_FEATURE_DATA_V1 := runs/drafters/qwen1.5b-feature-data
 DRAFTER_FEATURE_DATA := runs/drafters/feature-v2-data
-drafter-feature: $(DRAFTER_FEATURE)/.complete ## train the 1.5B target's feature-level drafter (~120 min; skipped when present)
+DRAFTER_FEATURE_DATA_V5 := runs/drafters/feature-v5-data
+drafter-feature: $(DRAFTER_FEATURE)/.complete ## train the 1.5B target's feature-level drafter (~190 min; skipped when present)
 
 # $(call feature_rollouts,DIR,PROMPTS PER TASK,SEED,DTYPE,ROWS,EXTRA --set ...): the 1.5B's rollouts of chain_sum and
 # basic_arithmetic prompts, 2 samples each, into DIR/rollouts.jsonl
@@ -204,12 +209,15 @@ $(DRAFTER_FEATURE_DATA_V1)/rollouts.jsonl: | $(STAMP)
 $(DRAFTER_FEATURE_DATA)/rollouts.jsonl: | $(STAMP)
 	$(call feature_rollouts,$(DRAFTER_FEATURE_DATA),128,2000,bfloat16,128,--set sampling.seed=7)
 
+$(DRAFTER_FEATURE_DATA_V5)/rollouts.jsonl: | $(STAMP)
+	$(call feature_rollouts,$(DRAFTER_FEATURE_DATA_V5),128,3000,bfloat16,128,--set sampling.seed=11)
+
 FEATURE_TRAIN = $(BIN)/specactor drafter feature --target qwen2.5-coder-1.5b-instruct --dtype float32 \
-	--feature-dtype bfloat16 --data $(DRAFTER_FEATURE_DATA)/all.jsonl --batch-size 4
+	--feature-dtype bfloat16 --batch-size 4
 
 $(DRAFTER_FEATURE_V2)/.complete: $(DRAFTER_FEATURE_DATA_V1)/rollouts.jsonl $(DRAFTER_FEATURE_DATA)/rollouts.jsonl | $(STAMP)
 	cat $(DRAFTER_FEATURE_DATA_V1)/rollouts.jsonl $(DRAFTER_FEATURE_DATA)/rollouts.jsonl > $(DRAFTER_FEATURE_DATA)/all.jsonl
-	$(FEATURE_TRAIN) --lr 3e-4 --steps 789 --out $(DRAFTER_FEATURE_V2)
+	$(FEATURE_TRAIN) --data $(DRAFTER_FEATURE_DATA)/all.jsonl --lr 3e-4 --steps 789 --out $(DRAFTER_FEATURE_V2)
 	touch $@
 
 # $(call resume_feature,FROM,TO): TO starts as a copy of FROM with its trainer state (a run finding it resumes it)
@@ -221,13 +229,21 @@ endef
 # v3: v2 and 300 more steps at 1e-4
 $(DRAFTER_FEATURE_V3)/.complete: $(DRAFTER_FEATURE_V2)/.complete | $(STAMP)
 	$(call resume_feature,$(DRAFTER_FEATURE_V2),$(DRAFTER_FEATURE_V3))
-	$(FEATURE_TRAIN) --lr 1e-4 --steps 1089 --out $(DRAFTER_FEATURE_V3)
+	$(FEATURE_TRAIN) --data $(DRAFTER_FEATURE_DATA)/all.jsonl --lr 1e-4 --steps 1089 --out $(DRAFTER_FEATURE_V3)
 	touch $@
 
 # v4: v3 and 300 steps of training-time test (three draft steps per position) at 1e-4
-$(DRAFTER_FEATURE)/.complete: $(DRAFTER_FEATURE_V3)/.complete | $(STAMP)
-	$(call resume_feature,$(DRAFTER_FEATURE_V3),$(DRAFTER_FEATURE))
-	$(FEATURE_TRAIN) --lr 1e-4 --passes 3 --steps 1389 --out $(DRAFTER_FEATURE)
+$(DRAFTER_FEATURE_V4)/.complete: $(DRAFTER_FEATURE_V3)/.complete | $(STAMP)
+	$(call resume_feature,$(DRAFTER_FEATURE_V3),$(DRAFTER_FEATURE_V4))
+	$(FEATURE_TRAIN) --data $(DRAFTER_FEATURE_DATA)/all.jsonl --lr 1e-4 --passes 3 --steps 1389 --out $(DRAFTER_FEATURE_V4)
+	touch $@
+
+# v5: v4 and 400 more steps of training-time test on the data with 512 more samples appended (seed 3000); the
+# features of the first 640 come from v4's cache, only the new samples' are computed
+$(DRAFTER_FEATURE)/.complete: $(DRAFTER_FEATURE_V4)/.complete $(DRAFTER_FEATURE_DATA_V5)/rollouts.jsonl | $(STAMP)
+	cat $(DRAFTER_FEATURE_DATA)/all.jsonl $(DRAFTER_FEATURE_DATA_V5)/rollouts.jsonl > $(DRAFTER_FEATURE_DATA_V5)/all.jsonl
+	$(call resume_feature,$(DRAFTER_FEATURE_V4),$(DRAFTER_FEATURE))
+	$(FEATURE_TRAIN) --data $(DRAFTER_FEATURE_DATA_V5)/all.jsonl --lr 1e-4 --passes 3 --steps 1789 --out $(DRAFTER_FEATURE)
 	touch $@
 
 bench-e2e: venv ## post-training step time, speculative vs plain-decoding rollouts (the make-run config, ~10 min)
