@@ -23,7 +23,8 @@ from specactor_engine.files import file_lock
 logger = logging.getLogger(__name__)
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = (CSRC / "paged_decode_attention.cpp", CSRC / "decode_layer_ops.cpp", CSRC / "gumbel_argmax.cpp")
+SOURCES = (CSRC / "paged_decode_attention.cpp", CSRC / "decode_layer_ops.cpp", CSRC / "gumbel_argmax.cpp",
+           CSRC / "bf16_linear.cpp")
 
 
 def machine_tag() -> str:

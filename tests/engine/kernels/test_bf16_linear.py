@@ -1,0 +1,88 @@
+"""kernels/bf16_linear: the packed linears' bf16 kernel equals its torch reference bit for bit, and a row's bits
+do not depend on the other rows of the call (what keeps a verify block and a decode step identical)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specactor_engine.kernels import bf16_linear
+from specactor_engine.model.packed_linear import PackedLinear
+
+pytestmark = pytest.mark.skipif(not bf16_linear.available(),
+                                reason="the bf16 kernel serves CPUs with AVX-512 BF16 and no AMX")
+
+
+def weights(n: int, k: int, bias: bool, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
+    generator = torch.Generator().manual_seed(seed)
+    weight = torch.randn(n, k, generator=generator).bfloat16()
+    return weight, (torch.randn(n, generator=generator).bfloat16() if bias else None)
+
+
+@pytest.mark.parametrize("rows, k, n, bias", [
+    (1, 64, 40, False),    # one row; N not a multiple of the 32-column group
+    (5, 64, 96, True),     # a tile of 5 rows, with a bias
+    (16, 128, 64, True),   # two tiles of 8
+    (13, 256, 33, False),  # tiles of 7 and 6; one column in the last group
+    (20, 32, 32, True),    # three tiles
+])
+def test_the_kernel_equals_its_reference_bit_for_bit(rows, k, n, bias):
+    weight, b = weights(n, k, bias)
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(1)).bfloat16()
+    got = bf16_linear.linear(x, bf16_linear.pack(weight), b, n)
+    want = bf16_linear.bf16_linear_reference(x, weight, b)
+    assert got.dtype == torch.bfloat16 and got.shape == (rows, n)
+    assert torch.equal(got, want)
+    exact = x.double() @ weight.double().T + (b.double() if b is not None else 0)
+    assert (got.double() - exact).abs().max() <= 2**-7 * exact.abs().max()  # within bf16's rounding of the result
+
+
+def test_a_rows_bits_are_the_same_alone_and_among_any_rows():
+    """Rows are tiled by 8 with the remainder spread (13 = 7 + 6, 20 = 7 + 7 + 6): a row's tile and its place in
+    it change with the row count, its bits must not."""
+    weight, b = weights(100, 96, bias=True, seed=2)
+    packed = bf16_linear.pack(weight)
+    x = torch.randn(24, 96, generator=torch.Generator().manual_seed(3)).bfloat16()
+    full = bf16_linear.linear(x, packed, b, 100)
+    for rows in (1, 2, 3, 4, 7, 9, 13, 17):
+        assert torch.equal(bf16_linear.linear(x[-rows:], packed, b, 100), full[-rows:]), rows
+
+
+def test_leading_dimensions_and_an_empty_input():
+    weight, _ = weights(48, 32, bias=False)
+    packed = bf16_linear.pack(weight)
+    x = torch.randn(2, 3, 32).bfloat16()
+    assert torch.equal(bf16_linear.linear(x, packed, None, 48), bf16_linear.linear(x.reshape(6, 32), packed, None,
+                                                                                    48).reshape(2, 3, 48))
+    assert bf16_linear.linear(torch.empty(0, 32, dtype=torch.bfloat16), packed, None, 48).shape == (0, 48)
+
+
+def test_bad_inputs_are_refused_with_what_was_expected():
+    weight, _ = weights(48, 32, bias=False)
+    packed = bf16_linear.pack(weight)
+    with pytest.raises(RuntimeError, match="must be even"):
+        bf16_linear.pack(torch.randn(8, 7).bfloat16())
+    with pytest.raises(RuntimeError, match="x has 30 columns"):
+        bf16_linear.linear(torch.randn(2, 30).bfloat16(), packed, None, 48)
+    with pytest.raises(RuntimeError, match="bias has 47 values"):
+        bf16_linear.linear(torch.randn(2, 32).bfloat16(), packed, torch.zeros(47, dtype=torch.bfloat16), 48)
+
+
+def test_packed_linear_serves_bf16_through_the_kernel_and_follows_weight_updates():
+    torch.manual_seed(0)
+    modules = [nn.Linear(64, n).bfloat16() for n in (32, 16, 16)]
+    fused = PackedLinear(modules)
+    x = torch.randn(3, 64).bfloat16()
+    got = fused(x)
+    assert fused._kernel
+    weight = torch.cat([m.weight for m in modules]).detach()
+    bias = torch.cat([m.bias for m in modules]).detach()
+    assert torch.equal(got, bf16_linear.bf16_linear_reference(x, weight, bias))
+    want = F.linear(x.float(), weight.float(), bias.float())
+    assert (got.float() - want).abs().max() <= 2e-2 * want.abs().max()
+    with torch.no_grad():
+        modules[1].weight.mul_(2.0)  # an in-place update (a weight sync) re-packs
+    weight = torch.cat([m.weight for m in modules]).detach()
+    assert torch.equal(fused(x), bf16_linear.bf16_linear_reference(x, weight, bias))
