@@ -72,11 +72,32 @@ def render_markdown(results: dict[str, Any]) -> str:
         "|" + "---|" * len(COLUMNS),
     ]
     lines += ["| " + " | ".join(system_row(name, entry, reference)) + " |" for name, entry in systems.items()]
+    lines += _per_repeat(systems)
     lines += _time_split(results)
     lines += _drafter_use(results)
     lines += _notes(systems, greedy=trace["temperature"] == 0)
     lines += [f"- `{name}` not run: {why}" for name, why in (results.get("skipped") or {}).items()]
     return "\n".join(lines) + "\n"
+
+
+def _per_repeat(systems: dict[str, Any]) -> list[str]:
+    """Each repeat's makespan with the memory bandwidth it met, and its ratio to `ar`'s in the same repeat: `ar`'s
+    plain steps stream the weights and follow the machine's memory state, verify rounds past the ridge hardly
+    do, so a median ratio depends on which states `ar`'s repeats met (bench/session39: 55.7 s at 48 GB/s, 80 s
+    at 34-36)."""
+    reference = systems.get("ar")
+    if not reference or len(systems) < 2 or max(len(e["makespan_s"]) for e in systems.values()) < 2:
+        return []
+    rows = []
+    for name, entry in systems.items():
+        bandwidth = entry.get("mem_read_gbps") or []
+        runs = [f"{t:.1f}" + (f" ({bandwidth[i]:.0f})" if i < len(bandwidth) and bandwidth[i] else "")
+                for i, t in enumerate(entry["makespan_s"])]
+        ratios = [f"{r / t:.2f}" for r, t in zip(reference["makespan_s"], entry["makespan_s"]) if t]
+        rows.append(f"| `{name}` | {', '.join(runs)} | {', '.join(ratios) if name != 'ar' else '-'} |")
+    return ["", "Per repeat: makespan s (memory GB/s, the mean of the run's start and end) and `ar`'s makespan in "
+            "the same repeat over the system's.", "", "| system | makespan per repeat | vs ar per repeat |",
+            "|---|---|---|", *rows]
 
 
 def _time_split(results: dict[str, Any]) -> list[str]:

@@ -348,3 +348,17 @@ def test_replicas_give_the_same_sequences_and_a_per_replica_split(bench_results,
         split = two["engine_stats"]["replicas"]
         assert [r["replica"] for r in split] == [0, 1]
         assert sum(r["sequences"] for r in split) == NUM_SEQUENCES and all(r["chunks"] >= 1 for r in split), split
+
+
+def test_per_repeat_ratios_pair_each_repeat_with_ars_own():
+    """A median ratio can pair `ar`'s slow-memory repeats with another system's fast ones; the per-repeat table
+    divides within a repeat."""
+    from benchmark.report import _per_repeat
+
+    systems = {"ar": {"makespan_s": [80.0, 56.0], "mem_read_gbps": [35.0, 48.0]},
+               "specactor": {"makespan_s": [40.0, 42.0], "mem_read_gbps": [47.0, None]}}
+    lines = _per_repeat(systems)
+    assert "| `ar` | 80.0 (35), 56.0 (48) | - |" in lines
+    assert "| `specactor` | 40.0 (47), 42.0 | 2.00, 1.33 |" in lines
+    assert _per_repeat({"ar": {"makespan_s": [80.0]}, "specactor": {"makespan_s": [40.0]}}) == []  # one repeat
+    assert _per_repeat({"specactor": {"makespan_s": [40.0, 41.0]}}) == []  # no `ar` to divide by
