@@ -460,8 +460,9 @@ class Proposer:
             counts[0], counts[1] = counts[0] + 1, counts[1] + got
         if length_policy is not None:
             length_policy.observe_acceptance(caps, accepted, methods)
-        if self.selector is not None:
-            self.selector.observe(requests, methods, accepted)
+        if self.selector is not None:  # credited as deep as rounds now verify (at least the first position)
+            depth = max(length_policy.current or 0, 1) if length_policy is not None else None
+            self.selector.observe(requests, methods, accepted, depth=depth)
         return scored
 
     # ------------------------------------------------------------------ after the verify

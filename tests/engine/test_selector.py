@@ -54,6 +54,22 @@ def test_cost_trades_off_against_acceptance():
     assert FastestOfNSelector(["ngram", "model"], explore=0.0, arms=selector.arms).choose(["r"], 0.1) == ["model"]
 
 
+def test_shadow_outcomes_count_only_as_deep_as_rounds_verify():
+    """At one draft a row a verified draft brings at most 1 token. A method scored by shadow drafts at their full
+    cap (2 of 4 accepted) must not outrank one verified at k = 1 whose drafts are accepted more often (session 39,
+    trace D: n-gram shadows at 1.02 tokens a draft took rows from the feature drafter, accepted 0.78 of the time)."""
+    def run(depth: int | None) -> str:
+        selector = FastestOfNSelector(["feature", "ngram"], explore=0.0)
+        for _ in range(30):
+            selector.observe(["r"], ["feature"], [1])  # verified at k = 1, accepted
+            selector.observe(["r"], ["ngram"], [0], depth=depth)  # shadows: one rejected at once ...
+            selector.observe(["r"], ["ngram"], [2], depth=depth)  # ... one with 2 of its 4 tokens accepted
+        return selector.choose(["r"], verify_s=0.1)[0]
+
+    assert run(depth=None) == "ngram"  # credited at full depth its EMA (~1.18) passes the feature drafter's 1.0
+    assert run(depth=1) == "feature"  # credited at the verify length: ~0.59
+
+
 def test_choices_are_per_request_and_forgotten_when_done():
     selector = FastestOfNSelector(["a", "b"], explore=0.0)
     for _ in range(10):
