@@ -1,9 +1,9 @@
 """A bf16 linear layer whose rows never depend on each other: the packed linears' kernel on AVX-512 BF16 CPUs.
 
 `csrc/bf16_linear.cpp` computes y = x @ W.T (+ b) with one fp32 accumulator per output that runs through the
-reduction's pairs in order (one VDPBF16PS each) and rounds to bf16 once. On the AMD EPYC (Zen 4) it ran a
-Qwen2.5-1.5B decode step at 4 rows 1.4x and a 16-token verify 1.15x faster than oneDNN's bf16 GEMM
-(bench/session39), and a row's bits are the same whatever else is in the call. `available()` is where
+reduction's pairs in order (one VDPBF16PS each) and rounds to bf16 once; its packed weights sit on 2 MB pages. On
+the AMD EPYC (Zen 4) it ran a Qwen2.5-1.5B decode step at 4 rows 1.18-1.57x and a 16-token verify 1.21-1.25x faster
+than oneDNN's bf16 GEMM (bench/session39), and a row's bits are the same whatever else is in the call. `available()` is where
 `PackedLinear` uses it: bf16 on a CPU with avx512_bf16 and without AMX (oneDNN's AMX kernels are faster there)
 and the extension built. `bf16_linear_reference` is the same arithmetic in torch, for the tests.
 """

@@ -5,8 +5,8 @@ torch's `F.linear` on CPU goes to MKL's GEMM for fp32, which on this project's A
 shapes at ~440 GFLOP/s (2.3-4x at decode shapes; ~1.3x for bf16). This is what vLLM's CPU backend
 does (`create_onednn_mm`); PyTorch exposes the same oneDNN path as `mkldnn._linear_pointwise`.
 bf16 weights on a CPU with AVX-512 BF16 and no AMX go to the engine's own kernel instead
-(`kernels/bf16_linear.py`: 1.4x oneDNN on a 4-row decode step of Qwen2.5-1.5B, 1.15x on a 16-token
-verify, and a row's bits independent of the other rows of the call).
+(`kernels/bf16_linear.py`: 1.18-1.57x oneDNN on a 4-row decode step of Qwen2.5-1.5B, 1.21-1.25x on a
+16-token verify, and a row's bits independent of the other rows of the call).
 
 `PackedLinear` fuses projections that read the same input (q/k/v, gate/up) into one GEMM and
 re-packs by itself when any source weight changed in place (a weight sync, an optimizer step):

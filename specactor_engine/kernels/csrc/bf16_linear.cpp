@@ -5,8 +5,9 @@
 // 12-16 rows. This kernel is the plain form of the same arithmetic: the weight is packed once so that every
 // 64-byte load holds 16 output columns x one pair of the reduction (the layout VDPBF16PS reads), and each
 // thread walks its own contiguous range of 32-column groups from the first K pair to the last, so the
-// hardware prefetcher sees one stream per thread. Measured inside the model (bench/session39): a 4-row
-// decode step 1.4x and a 16-token verify 1.15x oneDNN's.
+// hardware prefetcher sees one stream per thread. Measured inside the model (Qwen2.5-1.5B bf16, 4 rows,
+// bench/session39/linear_timing.py): a decode step 1.18-1.57x and a 16-token verify 1.21-1.25x oneDNN's (a step
+// gains what the machine's memory state allows; verifies are compute-bound).
 //
 //   packed = bf16_linear_pack(W)         W [N, K] bf16, K even -> [G, K/2, 2, 32] bf16, G = ceil(N / 32)
 //                                        packed[g][p][b][2j + t] = W[32g + 16b + j][2p + t] (0 past N)
@@ -41,8 +42,9 @@ constexpr int ROWS_PER_TILE = 8;  // rows sharing a group's weight loads: 16 acc
 // The packed weight lives in its own mapping, aligned to 2 MB and advised onto huge pages before it is first
 // written (transparent huge pages in "madvise" mode serve only regions that ask, and memory the allocator
 // recycles was faulted in small pages already). Streaming a weight through 4 KB pages takes a TLB walk every
-// 4 KB and stops the prefetchers at every page end: with 2 MB pages ... (bench/session39). Where the system
-// refuses, the mapping keeps small pages and nothing else changes.
+// 4 KB and stops the prefetchers at every page end: with 2 MB pages the 55 MB gate/up weight of Qwen2.5-1.5B took
+// 0.68 ms a 4-row call against 0.92 (bench/session39/README.md). Where the system refuses, the mapping keeps small
+// pages and nothing else changes.
 at::Tensor empty_on_huge_pages(at::IntArrayRef sizes, const at::TensorOptions& options) {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
   constexpr size_t HUGE = size_t(1) << 21;
