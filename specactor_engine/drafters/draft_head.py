@@ -16,6 +16,7 @@ from torch import nn
 
 from specactor_engine.drafters.base import DraftRequest
 from specactor_engine.model.draft_vocab import GrowingVocab, SplitHead, lowest_ids_vocab
+from specactor_engine.model.packed_linear import PackedModule, packing_supported
 from specactor_engine.model.quantize import int8_linear
 from specactor_engine.sampling import STREAM_DRAFT, STREAM_TARGET, sample_tokens, scaled_log_softmax, warped_probs
 from specactor_engine.state import SequenceState
@@ -156,9 +157,12 @@ def grow_vocab(vocab: GrowingVocab, seen: torch.Tensor, state: SequenceState, sl
     seen[slots] = state.lengths[slots]
 
 
-def float_linear(rows: torch.Tensor) -> nn.Linear:
-    """A bias-free linear over `rows` [N, d] (a float compact head)."""
+def float_linear(rows: torch.Tensor) -> nn.Module:
+    """A bias-free linear over `rows` [N, d] (a float compact head), packed like the drafter's own linears where
+    packing applies (the 0.5B's bf16 draft step at 4 rows over a 32k-token head: 16.5 ms with it packed for the
+    engine's kernel, 18.9 ms through torch's matmul; session 40)."""
     head = nn.Linear(rows.shape[1], rows.shape[0], bias=False, device=rows.device, dtype=rows.dtype)
     with torch.no_grad():
         head.weight.copy_(rows)
-    return head.requires_grad_(False)
+    head.requires_grad_(False)
+    return PackedModule(head) if packing_supported(rows.dtype, rows.device) else head

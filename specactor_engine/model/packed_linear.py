@@ -96,3 +96,20 @@ class PackedLinear:
     def split(self, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """The per-module outputs of a fused result: views of y [..., sum N_i]."""
         return y.split(self.out_features, dim=-1)
+
+
+class PackedModule(nn.Module):
+    """One nn.Linear as a module that runs through `PackedLinear`: a head handed to a runner (a drafter's compact
+    head), which the runner uses as is rather than packing it like the model's own linears."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.linear = linear  # a submodule: its weight counts in the runner's step bytes
+        self._packed = PackedLinear([linear])
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.linear.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._packed(x)

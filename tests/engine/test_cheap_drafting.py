@@ -1,4 +1,4 @@
-"""Cheaper model drafting: int8 drafting weights and a compact head over part of the vocabulary.
+"""Cheaper model drafting: int8 or bf16 drafting weights and a compact head over part of the vocabulary.
 
 Neither may change the output (a draft is only a proposal): exact against plain decoding in fp64, under
 both acceptance rules; the compact head's sampling equals full-vocabulary sampling with the other tokens
@@ -13,9 +13,11 @@ import pytest
 import torch
 
 from specactor_engine.drafters import DraftRequest, DrafterContext
+from specactor_engine.drafters.draft_head import float_linear
 from specactor_engine.drafters.model import ModelDrafter
 from specactor_engine.engine import Engine
 from specactor_engine.model.draft_vocab import GrowingVocab, lowest_ids_vocab
+from specactor_engine.model.packed_linear import PackedModule, packing_supported
 from specactor_engine.model.quantize import int8_supported, quantize_int8
 from specactor_engine.sampling import SamplingParams, sample_tokens
 from specactor_engine.state import SequenceState
@@ -55,6 +57,48 @@ def test_cheap_model_drafters_are_exact(target, quantize, draft_vocab, acceptanc
     if draft_vocab is not None:  # the vocabulary took in every token the target emitted
         emitted = torch.tensor([t for output in result.outputs for t in output.token_ids])
         assert bool(draft.vocab.member[emitted].all()) and len(draft.vocab) > draft_vocab
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_bf16_drafter_over_a_packed_compact_head_is_exact(target, temperature):
+    """The benchmark's cheap drafting where the engine's bf16 kernel runs: a bf16 draft model whose compact head is
+    packed like its linears (PackedModule where packing applies). Its drafts differ from an fp32 drafter's; the
+    output does not (fp64 target)."""
+    params = sampling(temperature, n=3, max_new_tokens=30)
+    reference = token_ids(run(target, ragged_requests(6), params))
+    draft = drafter(target, "none", 40, model=make_tiny_model("llama", seed=1, num_layers=1, dtype=torch.bfloat16))
+    engine = Engine(target, make_tokenizer(), rollout("coupled", num_draft_tokens=4, max_batch_size=16),
+                    max_model_len=MAX_LEN, drafters=[draft], check_invariants=True)
+    result = engine.generate(ragged_requests(6), params)
+    assert token_ids(result) == reference
+    assert result.stats.drafted_tokens > 0 and result.stats.accepted_tokens > 0
+    base = draft.head._base
+    assert isinstance(base, PackedModule) == packing_supported(torch.bfloat16, torch.device("cpu"))
+
+
+def test_a_float_compact_head_is_packed_where_packing_applies():
+    """float_linear: the rows' logits, through PackedLinear where it packs this dtype (same values up to the
+    summation order), torch's linear elsewhere; `.weight` is the rows either way."""
+    torch.manual_seed(0)
+    for dtype, tolerance in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
+        rows, x = torch.randn(100, 64, dtype=dtype), torch.randn(3, 2, 64, dtype=dtype)
+        head = float_linear(rows)
+        assert isinstance(head, PackedModule) == packing_supported(dtype, torch.device("cpu"))
+        assert torch.equal(head.weight, rows)
+        expected = (x.double() @ rows.double().T)
+        assert torch.allclose(head(x).double(), expected, rtol=tolerance, atol=tolerance * 8)
+
+
+@pytest.mark.parametrize("kernel, int8, expected", [(True, True, ("bfloat16", "none")),
+                                                    (False, True, ("float32", "int8")),
+                                                    (False, False, ("float16", "none"))])
+def test_cheapest_drafting_prefers_the_bf16_kernel_then_int8(monkeypatch, kernel, int8, expected):
+    from specactor_engine.kernels import bf16_linear
+    from specactor_engine.model import quantize
+
+    monkeypatch.setattr(bf16_linear, "available", lambda: kernel)
+    monkeypatch.setattr(quantize, "int8_supported", lambda: int8)
+    assert quantize.cheapest_drafting("float16") == expected
 
 
 @needs_int8
