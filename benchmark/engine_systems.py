@@ -29,16 +29,15 @@ from specactor_engine.config import (
     SuffixDrafterConfig,
 )
 from specactor_engine.drafters import Drafter
-from specactor_engine.model.quantize import cheapest_drafting
+from specactor_engine.model.quantize import int8_supported
 from specactor_engine.types import Request
 
 ALL_AT_ONCE = 1 << 16  # rollout.max_batch_size meaning "every sequence in one batch"
 WORKER_START_TIMEOUT_S = 600
 
 # Where a variant's drafts come from. "trace": the trace's draft model in process (the n-gram drafter
-# when the trace has none); "model": the trace's draft model in process as `specactor` drafts with it (in bf16
-# where the engine's bf16 kernel runs, else on int8 weights where this torch build quantizes: quantize.py's
-# cheapest_drafting; a compact head), left out when the trace has none;
+# when the trace has none); "model": the trace's draft model in process as `specactor` drafts with it (int8
+# weights and a compact head where this torch build quantizes), left out when the trace has none;
 # "feature": the trained feature-level drafter given with --feature-drafter, left out when none is;
 # "suffix", "ngram": those config drafters; "oracle": the reference run's own outputs, not a config kind:
 # the oracle system hands it to the engine itself (benchmark/oracle.py).
@@ -85,8 +84,8 @@ ENGINE_VARIANTS: tuple[EngineVariant, ...] = (
                   "baseline for `specactor` (on traces without a draft model `coupled-dynamic` is the same system).",
                   ("ngram",), "dynamic"),
     EngineVariant("coupled-cheap", "coupled", "The trace's draft model as `specactor` drafts with it in process: "
-                  "bf16 through the engine's kernel (int8 weights where it does not run) and a compact head over 32k "
-                  "tokens, dynamic verify length (its single-drafter baseline).", ("model",), "dynamic"),
+                  "int8 weights and a compact head over 32k tokens, dynamic verify length (its single-drafter "
+                  "baseline).", ("model",), "dynamic"),
     EngineVariant("coupled-feature", "coupled", "The feature-level drafter given with --feature-drafter alone (one "
                   "decoder layer over the target's hidden states, EAGLE-style), dynamic verify length.",
                   ("feature",), "dynamic"),
@@ -96,10 +95,10 @@ ENGINE_VARIANTS: tuple[EngineVariant, ...] = (
     EngineVariant("decoupled", "decoupled", "The trace's draft model in a worker process; the verifier never waits; "
                   "dynamic verify length and dynamic decoupling.", (), "dynamic", workers=True),
     EngineVariant("specactor", "specactor", "Per request, Fastest-of-N over the suffix and n-gram drafters and, when "
-                  "the trace has a draft model, that model in process (bf16 kernel or int8, compact head: "
-                  "`coupled-cheap`'s) and in a drafter worker streaming its drafts (dynamic decoupling pauses the "
-                  "worker where it cannot pay); the verify length and each row's method chosen together per round. "
-                  "With --feature-drafter the feature-level drafter joins them.",
+                  "the trace has a draft model, that model in process (int8 weights, compact head: `coupled-cheap`'s) "
+                  "and in a drafter worker streaming its drafts (dynamic decoupling pauses the worker where it cannot "
+                  "pay); the verify length and each row's method chosen together per round. With --feature-drafter "
+                  "the feature-level drafter joins them.",
                   ("model", "feature", "suffix", "ngram"), "dynamic", workers=True),
     EngineVariant("oracle", "coupled", "Coupled mode fed the target's own final outputs: the ceiling at this verify "
                   "length.", ("oracle",)),
@@ -135,8 +134,9 @@ def _drafter_config(source: DraftSource, spec: RunSpec) -> DrafterConfig:
     if source == "suffix":
         return SuffixDrafterConfig()
     if source == "model" and spec.drafter is not None:  # drafting that costs little (docs/architecture.md 13)
-        dtype, quantize = cheapest_drafting(spec.dtype)
-        return ModelDrafterConfig(model=str(resolve_local(spec.drafter, spec.dtype)), dtype=dtype, quantize=quantize,
+        cheap = int8_supported()
+        return ModelDrafterConfig(model=str(resolve_local(spec.drafter, spec.dtype)),
+                                  dtype="float32" if cheap else spec.dtype, quantize="int8" if cheap else "none",
                                   draft_vocab=CHEAP_DRAFT_VOCAB)
     if source == "feature" and spec.feature_drafter is not None:
         return FeatureDrafterConfig(path=spec.feature_drafter)

@@ -159,8 +159,8 @@ def grow_vocab(vocab: GrowingVocab, seen: torch.Tensor, state: SequenceState, sl
 
 def float_linear(rows: torch.Tensor) -> nn.Module:
     """A bias-free linear over `rows` [N, d] (a float compact head), packed like the drafter's own linears where
-    packing applies (the 0.5B's bf16 draft step at 4 rows over a 32k-token head: 16.5 ms with it packed for the
-    engine's kernel, 18.9 ms through torch's matmul; session 40)."""
+    packing applies (the 0.5B's bf16 draft step at 4 rows over a 32k-token head: 20.9 ms with it packed for the
+    engine's kernel, 22.3 ms through torch's matmul, medians of 7 repeats; bench/session40/draft_timing.py)."""
     head = nn.Linear(rows.shape[1], rows.shape[0], bias=False, device=rows.device, dtype=rows.dtype)
     with torch.no_grad():
         head.weight.copy_(rows)

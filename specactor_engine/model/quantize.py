@@ -26,20 +26,6 @@ def int8_supported() -> bool:
     return any(engine in torch.backends.quantized.supported_engines for engine in ("x86", "fbgemm"))
 
 
-def cheapest_drafting(dtype: str) -> tuple[str, str]:
-    """(dtype, quantize) under which a draft model's steps cost least here: bf16 where the engine's own bf16
-    kernel runs (AVX-512 BF16 without AMX; the 0.5B's 4-row draft step over a 32k-token head took 16.5 ms there
-    against 20.0 ms on its int8 copy, session 40), else an int8 copy of the fp32 model where this torch build
-    quantizes (2.5x fp32 on an AVX2 CPU), else `dtype` as it is."""
-    from specactor_engine.kernels import bf16_linear
-
-    if bf16_linear.available():
-        return "bfloat16", "none"
-    if int8_supported():
-        return "float32", "int8"
-    return dtype, "none"
-
-
 def quantize_int8(model: nn.Module) -> nn.Module:
     """A copy of `model` whose nn.Linear layers hold per-channel int8 weights (activations quantized per
     call); the original is left untouched. The model must be float32 (the kernels' input type)."""
