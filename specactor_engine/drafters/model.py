@@ -7,8 +7,9 @@ verify round the fed drafts that match the committed tokens stay, the rest roll 
 
 Cheaper drafting (docs/architecture.md section 11.2), neither of which can change the output (a
 draft is only a proposal):
-- `quantize: int8`: drafting runs on an int8 copy of the model (model/quantize.py); the float
-  model stays the one trained and synced, and the copy is rebuilt from it on each weight update.
+- `quantize: int8`: drafting runs the model's linears in per-channel int8, q/k/v and gate/up fused
+  (model/quantize.py `Int8PackedLinear`); the float model stays the one trained and synced, and the
+  int8 weights are quantized from it again on each weight update.
 - a compact head: drafting computes logits only for the drafter's vocabulary (its trained
   `draft_vocab.json`, or with `draft_vocab: N` the N lowest ids growing with every token of the
   prompts and of what the target commits: model/draft_vocab.py's GrowingVocab) and samples over
@@ -26,7 +27,7 @@ import torch
 from specactor_engine.drafters.base import DraftRequest, Drafter, DrafterContext, register_drafter
 from specactor_engine.drafters.draft_head import DraftHead, grow_vocab, growing_vocab, propose_rows
 from specactor_engine.model.draft_vocab import GrowingVocab, SubsetHead
-from specactor_engine.model.quantize import quantize_int8
+from specactor_engine.model.quantize import int8_supported
 from specactor_engine.model.runner import ModelRunner, load_hf_model
 from specactor_engine.state import SequenceState
 from specactor_engine.types import DraftProposal
@@ -126,10 +127,13 @@ class ModelDrafter(Drafter):
         return self.vocab is not None and not isinstance(self.model.lm_head, SubsetHead)
 
     def _build_runner(self) -> None:
-        """The runner drafting runs on: the model itself, or its int8 copy, with the compact head built now
-        rather than in the first draft round (both rebuilt after weight updates)."""
-        drafting = quantize_int8(self.model) if self.quantize == "int8" else self.model
-        self.runner = ModelRunner(drafting, packed_linear=self.quantize == "none")
+        """The runner drafting runs on the model, its linears packed or in int8 (fused, quantized from the float
+        weights), with the compact head built now rather than in the first draft round (both rebuilt after weight
+        updates)."""
+        if self.quantize == "int8" and not int8_supported():
+            raise RuntimeError("int8 drafting needs PyTorch's x86/fbgemm quantized engine, which this build lacks "
+                               f"(supported: {torch.backends.quantized.supported_engines}); use quantize: none")
+        self.runner = ModelRunner(self.model, int8=self.quantize == "int8")
         self.head = DraftHead(lambda: self.model.lm_head.weight, self.vocab, self.quantize, self.target_vocab_size)
         self._refresh_head()
 

@@ -18,6 +18,8 @@ import warnings
 import torch
 from torch import nn
 
+from specactor_engine.model.packed_linear import PackedLinear
+
 QUANTIZE_CHOICES = ("none", "int8")
 
 
@@ -48,3 +50,34 @@ def int8_linear(weight: torch.Tensor) -> nn.Module:
     with torch.no_grad():
         linear.weight.copy_(weight.float())
     return quantize_int8(nn.Sequential(linear))[0]
+
+
+class Int8PackedLinear(PackedLinear):
+    """`PackedLinear`'s contract (linears sharing an input fused into one GEMM, re-packed when a source weight changed
+    in place) on per-channel int8 weights with per-call quantized activations, as `quantize_int8` makes them. One
+    quantized GEMM for q/k/v and one for gate/up, where the int8 copy of the model ran three and two, each quantizing
+    the same input again; the weights stay the float master's (a runner built with `int8=True` needs no copy)."""
+
+    def _pack(self) -> None:
+        with torch.no_grad():
+            weight = torch.cat([m.weight.detach().float() for m in self.modules])
+            biases = [m.bias for m in self.modules]
+            linear = nn.Linear(weight.shape[1], weight.shape[0], bias=any(b is not None for b in biases),
+                               dtype=torch.float32)
+            linear.weight.copy_(weight)
+            if linear.bias is not None:
+                linear.bias.copy_(torch.cat([b.detach().float() if b is not None else m.weight.new_zeros(m.out_features)
+                                             for m, b in zip(self.modules, biases)]))
+            self._weight = quantize_int8(nn.Sequential(linear))[0]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        key = self._source_key()
+        if key != self._key:
+            self._pack()
+            self._key = key
+        return self._weight(x)
+
+    def nbytes(self) -> int:
+        """Bytes a call streams: one byte a weight, a float32 scale a column and the bias."""
+        columns, inputs = sum(self.out_features), self.modules[0].in_features
+        return columns * inputs + 4 * columns * (2 if any(m.bias is not None for m in self.modules) else 1)

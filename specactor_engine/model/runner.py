@@ -28,6 +28,7 @@ from specactor_engine.kernels.paged_attention import kernel_available, paged_dec
 from specactor_engine.model.draft_vocab import install_subset_head, load_draft_vocab
 from specactor_engine.model.kv_cache import KVCache
 from specactor_engine.model.packed_linear import PackedLinear, packing_supported
+from specactor_engine.model.quantize import Int8PackedLinear
 
 logger = logging.getLogger(__name__)
 
@@ -108,15 +109,19 @@ def load_hf_model(path: str | Path, dtype: str, device: str = "cpu") -> nn.Modul
 
 
 class _LayerProjections:
-    """One decoder layer's linears, fused where they share an input and packed for oneDNN."""
+    """One decoder layer's linears, fused where they share an input and packed for oneDNN (`kind` PackedLinear) or
+    quantized to int8 (Int8PackedLinear)."""
 
-    def __init__(self, layer: nn.Module) -> None:
+    def __init__(self, layer: nn.Module, kind: type[PackedLinear] = PackedLinear) -> None:
         attn, mlp = layer.self_attn, layer.mlp
-        self.qkv = PackedLinear([attn.q_proj, attn.k_proj, attn.v_proj])
-        self.o = PackedLinear([attn.o_proj])
-        self.gate_up = PackedLinear([mlp.gate_proj, mlp.up_proj])
-        self.down = PackedLinear([mlp.down_proj])
+        self.qkv = kind([attn.q_proj, attn.k_proj, attn.v_proj])
+        self.o = kind([attn.o_proj])
+        self.gate_up = kind([mlp.gate_proj, mlp.up_proj])
+        self.down = kind([mlp.down_proj])
         self.act = mlp.act_fn
+
+    def linears(self) -> tuple[PackedLinear, ...]:
+        return self.qkv, self.o, self.gate_up, self.down
 
 
 class ModelRunner:
@@ -130,6 +135,8 @@ class ModelRunner:
     over gathered keys and values.
     head: a module used instead of the model's lm_head (a drafter's compact head over part of the
     vocabulary, whose logits are then [..., N] for its N tokens); it may be replaced between forwards.
+    int8: the linears (and the model's own head) as per-channel int8 over the float32 model's weights, fused like
+    the packed ones (model/quantize.py `Int8PackedLinear`): a draft model's cheap steps, with no copy of the model.
     record_features: keep every position's normalised final hidden state in the cache (`KVCache.features`),
     for a feature-level drafter (set before `allocate`; `record_features()` turns it on later).
     With paged_attention on, a CPU model whose layers allow it (`fusable_layers`) also runs each layer's
@@ -137,7 +144,8 @@ class ModelRunner:
     """
 
     def __init__(self, model: nn.Module, num_slots: int = 0, max_len: int = 0, packed_linear: bool = True,
-                 paged_attention: bool = True, head: nn.Module | None = None, record_features: bool = False) -> None:
+                 paged_attention: bool = True, head: nn.Module | None = None, record_features: bool = False,
+                 int8: bool = False) -> None:
         config = model.config
         self.recording = record_features
         self.model = model
@@ -150,9 +158,14 @@ class ModelRunner:
         self.sliding_window = getattr(config, "sliding_window", None) if config.model_type == "mistral" else None
         self.vocab_size = config.vocab_size
         self.cache = self._new_cache(num_slots, max_len)
-        packed = packed_linear and packing_supported(self.dtype, self.device)
-        self.projections = [_LayerProjections(layer) for layer in model.model.layers] if packed else None
-        self._packed = packed
+        if int8 and self.dtype != torch.float32:
+            raise ValueError(f"int8 drafting quantizes a float32 model, got {self.dtype}: set the drafter's dtype to "
+                             "float32")
+        packed = int8 or (packed_linear and packing_supported(self.dtype, self.device))
+        kind = Int8PackedLinear if int8 else PackedLinear
+        self.projections = [_LayerProjections(layer, kind) for layer in model.model.layers] if packed else None
+        self._packed = packed and not int8  # the model's own head packed for oneDNN too
+        self.int8 = int8
         self.paged_attention = paged_attention and self.device.type == "cpu"
         self._packed_head: PackedLinear | None = None
         self.head = head
@@ -355,10 +368,10 @@ class ModelRunner:
         if self.head is not None:
             return self.head
         head = self.model.lm_head
-        if not self._packed or type(head) is not nn.Linear:
+        if not (self._packed or self.int8) or type(head) is not nn.Linear:
             return head
         if self._packed_head is None or self._packed_head.modules[0] is not head:
-            self._packed_head = PackedLinear([head])
+            self._packed_head = (Int8PackedLinear if self.int8 else PackedLinear)([head])
         return self._packed_head
 
     def commit(self, slots: torch.Tensor, num_new: torch.Tensor) -> None:
@@ -375,7 +388,15 @@ class ModelRunner:
         runners' figures is the ratio of their step times there (the draft-cost prior, policies/verify_length.py)."""
         inner = self.model.model
         head = self.head if self.head is not None else getattr(self.model, "lm_head", None)
-        return tensor_bytes(inner.layers, inner.norm, head)
+        if not self.int8:
+            return tensor_bytes(inner.layers, inner.norm, head)
+        # int8: the projections' bytes, of the layers' float modules only those that are no linear (the norms)
+        linears = [linear for layer in self.projections or [] for linear in layer.linears()]
+        if self.head is None and type(head) is nn.Linear:  # the model's own head runs in int8 too (`_lm_head`)
+            linears, head = [*linears, Int8PackedLinear([head])], None
+        others = [sub for layer in inner.layers for sub in layer.modules()
+                  if not isinstance(sub, nn.Linear) and not list(sub.children())]
+        return sum(linear.nbytes() for linear in linears) + tensor_bytes(*others, inner.norm, head)
 
 
 def tensor_bytes(*modules: nn.Module | None) -> int:

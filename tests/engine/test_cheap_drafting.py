@@ -18,7 +18,8 @@ from specactor_engine.drafters.model import ModelDrafter
 from specactor_engine.engine import Engine
 from specactor_engine.model.draft_vocab import GrowingVocab, lowest_ids_vocab
 from specactor_engine.model.packed_linear import PackedModule, packing_supported
-from specactor_engine.model.quantize import int8_supported, quantize_int8
+from specactor_engine.model.quantize import Int8PackedLinear, int8_supported, quantize_int8
+from specactor_engine.model.runner import ModelRunner
 from specactor_engine.sampling import SamplingParams, sample_tokens
 from specactor_engine.state import SequenceState
 from tests.engine.test_exactness import MAX_LEN, ragged_requests, rollout, run, sampling, token_ids
@@ -91,14 +92,13 @@ def test_a_float_compact_head_is_packed_where_packing_applies():
 
 @needs_int8
 def test_the_int8_copy_drafts_and_the_float_model_is_what_is_trained_and_synced(target):
-    """Drafting runs on quantized linears; trainable_model is the float master; after a weight update the
-    copy is rebuilt from the new weights (its drafts equal those of a drafter built on them)."""
-    from torch.ao.nn.quantized.dynamic import Linear as DynamicInt8Linear
-
+    """Drafting runs on int8 linears quantized from the float master (no copy of the model); trainable_model is the
+    master; after a weight update the int8 weights follow (its drafts equal those of a drafter built on them)."""
     first, second = (make_tiny_model("llama", seed=s, num_layers=1, dtype=torch.float32) for s in (1, 2))
     updated = drafter(target, "int8", model=first)
-    assert isinstance(updated.runner.model.model.layers[0].mlp.down_proj, DynamicInt8Linear)
-    assert updated.trainable_model() is first and isinstance(first.model.layers[0].mlp.down_proj, torch.nn.Linear)
+    assert all(isinstance(linear, Int8PackedLinear) for linear in updated.runner.projections[0].linears())
+    assert updated.runner.model is first and updated.trainable_model() is first
+    assert isinstance(first.model.layers[0].mlp.down_proj, torch.nn.Linear)
     updated.update_weights(second.state_dict().items(), version=1)
     fresh = drafter(target, "int8", model=make_tiny_model("llama", seed=2, num_layers=1, dtype=torch.float32))
     assert torch.equal(_drafts(updated), _drafts(fresh))
@@ -167,6 +167,41 @@ def test_growing_vocab_keeps_insertion_order_and_counts_changes():
 def test_int8_needs_a_float32_drafter():
     with pytest.raises(ValueError, match="float32"):
         quantize_int8(make_tiny_model("llama", seed=1, num_layers=1, dtype=torch.float64))
+    with pytest.raises(ValueError, match="set the drafter's dtype to float32"):
+        ModelRunner(make_tiny_model("llama", seed=1, num_layers=1, dtype=torch.bfloat16), int8=True)
+
+
+@needs_int8
+def test_fused_int8_linears_equal_the_separate_int8_copies():
+    """q/k/v in one int8 GEMM give what three int8 linears give: per-channel weight scales are per output row, and
+    the activations' quantization depends on the input alone."""
+    torch.manual_seed(0)
+    parts = [torch.nn.Linear(64, n, bias=bias) for n, bias in ((64, True), (32, False), (32, True))]
+    x = torch.randn(5, 3, 64)
+    fused = Int8PackedLinear(parts)(x)
+    separate = torch.cat([quantize_int8(torch.nn.Sequential(p))[0](x) for p in parts], dim=-1)
+    assert torch.allclose(fused, separate, rtol=0, atol=1e-6)
+    assert Int8PackedLinear(parts).nbytes() == 128 * 64 + 4 * 128 * 2
+
+
+@needs_int8
+def test_an_int8_runner_computes_the_float_models_logits_from_a_quarter_of_the_bytes():
+    """ModelRunner(int8=True): the float32 model's own modules with fused int8 projections and head: the logits of
+    an int8 copy of the model (the fused GEMMs change nothing; the fused layer ops may move a rounding), near the
+    float runner's, and a step reads about a quarter of the linears' float32 bytes."""
+    model = make_tiny_model("llama", seed=3, num_layers=2, hidden=128, dtype=torch.float32, init_range=0.05)
+    runners = [ModelRunner(model, packed_linear=False), ModelRunner(model, int8=True),
+               ModelRunner(quantize_int8(model), packed_linear=False)]
+    tokens, slots = torch.tensor([[5, 9, 17, 33, 2, 8], [40, 41, 42, 43, 44, 45]]), torch.arange(2)
+    logits = []
+    for runner in runners:
+        runner.allocate(2, 16)
+        logits.append(runner.forward(tokens, slots))
+    reference, quantized, copy = logits
+    assert float((quantized - copy).norm() / copy.norm()) < 0.01
+    assert float((quantized - reference).norm() / reference.norm()) < 0.1
+    linears = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    assert runners[1].step_bytes() < runners[0].step_bytes() - 2.5 * linears
 
 
 def test_a_model_drafter_that_fell_behind_catches_up_apart_and_drafts_the_same():
