@@ -64,19 +64,23 @@ class PackedLinear:
         tensors = [t for m in self.modules for t in (m.weight, m.bias) if t is not None]
         return tuple((t.data_ptr(), _version(t)) for t in tensors)
 
+    def _fused(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The source linears as one: weight [sum N_i, K] and bias [sum N_i] (zeros for a linear without; None when
+        none has one)."""
+        weight = torch.cat([m.weight.detach() for m in self.modules]) if len(self.modules) > 1 \
+            else self.modules[0].weight.detach()
+        biases = [m.bias for m in self.modules]
+        if all(b is None for b in biases):
+            return weight, None
+        return weight, torch.cat([b.detach() if b is not None else m.weight.new_zeros(m.out_features)
+                                  for m, b in zip(self.modules, biases)])
+
     def _pack(self) -> None:
         with torch.no_grad():
-            weight = torch.cat([m.weight.detach() for m in self.modules]) if len(self.modules) > 1 \
-                else self.modules[0].weight.detach()
+            weight, self._bias = self._fused()
             self._kernel = weight.dtype == torch.bfloat16 and weight.shape[1] % 2 == 0 and bf16_linear.available()
             self._weight = bf16_linear.pack(weight) if self._kernel else \
                 torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), _BATCH_HINT)
-            biases = [m.bias for m in self.modules]
-            if all(b is None for b in biases):
-                self._bias = None
-            else:
-                self._bias = torch.cat([b.detach() if b is not None else m.weight.new_zeros(m.out_features)
-                                        for m, b in zip(self.modules, biases)])
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         key = self._source_key()

@@ -44,11 +44,14 @@ def quantize_int8(model: nn.Module) -> nn.Module:
         return quantize_dynamic(model, {nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8, inplace=False)
 
 
-def int8_linear(weight: torch.Tensor) -> nn.Module:
-    """An int8 (per-channel) linear without bias over `weight` [out, in] (a drafter's compact head)."""
-    linear = nn.Linear(weight.shape[1], weight.shape[0], bias=False, dtype=torch.float32)
+def int8_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> nn.Module:
+    """An int8 (per-channel) linear over `weight` [out, in] and an optional float bias [out] (a drafter's compact
+    head; fused projections)."""
+    linear = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, dtype=torch.float32)
     with torch.no_grad():
         linear.weight.copy_(weight.float())
+        if bias is not None:
+            linear.bias.copy_(bias.float())
     return quantize_int8(nn.Sequential(linear))[0]
 
 
@@ -60,15 +63,7 @@ class Int8PackedLinear(PackedLinear):
 
     def _pack(self) -> None:
         with torch.no_grad():
-            weight = torch.cat([m.weight.detach().float() for m in self.modules])
-            biases = [m.bias for m in self.modules]
-            linear = nn.Linear(weight.shape[1], weight.shape[0], bias=any(b is not None for b in biases),
-                               dtype=torch.float32)
-            linear.weight.copy_(weight)
-            if linear.bias is not None:
-                linear.bias.copy_(torch.cat([b.detach().float() if b is not None else m.weight.new_zeros(m.out_features)
-                                             for m, b in zip(self.modules, biases)]))
-            self._weight = quantize_int8(nn.Sequential(linear))[0]
+            self._weight = int8_linear(*self._fused())
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         key = self._source_key()
