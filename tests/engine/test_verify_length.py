@@ -164,9 +164,23 @@ def test_a_regime_with_its_own_profile_is_priced_and_calibrated_by_it():
     assert policy.calibration(3, regime="solo", rows=2) == pytest.approx(2.0)
 
 
+def test_drafting_cost_leaves_out_the_first_round_and_catch_ups():
+    """Trace D's `coupled-cheap` (session 40): its first drafting round, the benchmark's warm-up, paid the 0.5B's
+    deferred prefill and its one-time costs; taken as the steady cost of a draft position (0.29 s against a ~56 ms
+    plain step) it kept every later round plain. The first round is left out, and a catch-up is charged apart."""
+    policy = policy_with(linear_table(0.1, 0.0), [0.9, 0.8, 0.7, 0.6], decay=1.0)
+    policy.observe_round(1, [1, 1], [1, 1], draft_s=5.7, round_s=5.9, rows=2)
+    assert policy.draft_s_per_token == 0.0 and policy.best(2) > 0
+    policy.observe_round(1, [1, 1], [1, 1], draft_s=0.52, round_s=0.7, rows=2, catch_up_s=0.5)
+    assert policy.draft_s_per_token == pytest.approx(0.02)
+    assert policy.best(2) > 0
+
+
 def test_calibration_and_draft_cost_are_learned_from_rounds():
     policy = policy_with(linear_table(0.1, 0.0), [0.5, 0.3, 0.1, 0.05], decay=1.0)
     assert policy.best(2) == 4  # free drafts, flat verify cost: as deep as possible
+    policy.observe_round(2, [2, 2], [1, 0], draft_s=9.0, round_s=9.3, rows=2)  # the first: one-time costs, left out
+    assert policy.draft_s_per_token == 0.0
     policy.observe_round(2, [2, 2], [1, 0], draft_s=0.2, round_s=0.5, rows=2)
     assert policy.draft_s_per_token == pytest.approx(0.1)
     assert policy.calibration(3, rows=2) == pytest.approx((0.5 - 0.2) / 0.1)  # observed width 3: 3x the profile
