@@ -82,11 +82,14 @@ class PackedLinear:
             self._weight = bf16_linear.pack(weight) if self._kernel else \
                 torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), _BATCH_HINT)
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def _repack_if_changed(self) -> None:
         key = self._source_key()
         if key != self._key:  # first call, or a source weight changed in place since the last pack
             self._pack()
             self._key = key
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        self._repack_if_changed()
         if self._kernel:  # no padding: its rows are computed alike for any row count
             return bf16_linear.linear(x, self._weight, self._bias, sum(self.out_features))
         rows = x.numel() // x.shape[-1]

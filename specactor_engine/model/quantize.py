@@ -66,10 +66,7 @@ class Int8PackedLinear(PackedLinear):
             self._weight = int8_linear(*self._fused())
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        key = self._source_key()
-        if key != self._key:
-            self._pack()
-            self._key = key
+        self._repack_if_changed()
         return self._weight(x)
 
     def nbytes(self) -> int:
