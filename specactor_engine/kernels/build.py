@@ -24,7 +24,8 @@ logger = logging.getLogger(__name__)
 
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = (CSRC / "paged_decode_attention.cpp", CSRC / "decode_layer_ops.cpp", CSRC / "gumbel_argmax.cpp",
-           CSRC / "bf16_linear.cpp")
+           CSRC / "bf16_linear.cpp", CSRC / "int8_linear.cpp")
+HEADERS = (CSRC / "huge_pages.h",)
 
 
 def machine_tag() -> str:
@@ -42,9 +43,16 @@ def sources_digest() -> str:
     and any cost measured with it, depends on besides the CPU and torch."""
     packed_linear = Path(__file__).parents[1] / "model" / "packed_linear.py"
     digest = hashlib.sha256()
-    for source in (*SOURCES, *sorted(Path(__file__).parent.glob("*.py")), packed_linear):
+    for source in (*SOURCES, *HEADERS, *sorted(Path(__file__).parent.glob("*.py")), packed_linear):
         digest.update(source.name.encode() + b"\0" + source.read_bytes())
     return digest.hexdigest()[:12]
+
+
+@functools.lru_cache(maxsize=1)
+def headers_digest() -> str:
+    """A digest of the headers the sources include: torch rebuilds when a source or a flag changes, not a header,
+    so the build passes it as a flag."""
+    return hashlib.sha256(b"".join(h.name.encode() + b"\0" + h.read_bytes() for h in HEADERS)).hexdigest()[:12]
 
 
 def build_directory() -> Path:
@@ -73,7 +81,8 @@ def extension_available() -> bool:
             build_dir.mkdir(parents=True, exist_ok=True)
             load(name=extension_name(), sources=[str(source) for source in SOURCES], build_directory=str(build_dir),
                  is_python_module=False, verbose=False,
-                 extra_cflags=["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math"],
+                 extra_cflags=["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math",
+                               f"-DSPECACTOR_HEADERS={headers_digest()}"],
                  extra_ldflags=["-fopenmp", "-lmvec"])
         return True
     except Exception as exc:  # noqa: BLE001 - no compiler, or a failed build: the references serve

@@ -7,6 +7,9 @@ to ~69 ms on a 2-core AVX2 CPU, and its greedy choices agree with the 1.5B targe
 positions against 88% in fp32 (docs/architecture.md section 11.2). Drafts are only
 proposals, so output stays exact; what the quantization costs is acceptance, never correctness.
 
+On a CPU with AVX-512 VNNI the linears run on the engine's own int8 kernel (kernels/int8_linear.py: activations
+quantized per row, weights packed for VPDPBUSD on 2 MB pages), elsewhere on PyTorch's dynamic int8 linear.
+
 The quantized model is a copy used for drafting only: training and weight syncs act on the float
 master, and the copy is rebuilt from it.
 """
@@ -14,10 +17,12 @@ master, and the copy is rebuilt from it.
 from __future__ import annotations
 
 import warnings
+from copy import deepcopy
 
 import torch
 from torch import nn
 
+from specactor_engine.kernels import int8_linear as int8_kernel
 from specactor_engine.model.packed_linear import PackedLinear
 
 QUANTIZE_CHOICES = ("none", "int8")
@@ -31,12 +36,19 @@ def int8_supported() -> bool:
 def quantize_int8(model: nn.Module) -> nn.Module:
     """A copy of `model` whose nn.Linear layers hold per-channel int8 weights (activations quantized per
     call); the original is left untouched. The model must be float32 (the kernels' input type)."""
-    if not int8_supported():
-        raise RuntimeError("int8 drafting needs PyTorch's x86/fbgemm quantized engine, which this build lacks "
-                           f"(supported: {torch.backends.quantized.supported_engines}); use quantize: none")
     dtype = next(model.parameters()).dtype
     if dtype != torch.float32:
         raise ValueError(f"int8 drafting quantizes a float32 model, got {dtype}: set the drafter's dtype to float32")
+    if int8_kernel.available():
+        copy = deepcopy(model)
+        for parent in list(copy.modules()):
+            for name, child in list(parent.named_children()):
+                if type(child) is nn.Linear:
+                    setattr(parent, name, int8_kernel.Int8Linear(child.weight.detach(), child.bias))
+        return copy
+    if not int8_supported():
+        raise RuntimeError("int8 drafting needs PyTorch's x86/fbgemm quantized engine, which this build lacks "
+                           f"(supported: {torch.backends.quantized.supported_engines}); use quantize: none")
     from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
     with warnings.catch_warnings():  # torch.ao's eager quantization warns that torchao is its successor
@@ -46,7 +58,9 @@ def quantize_int8(model: nn.Module) -> nn.Module:
 
 def int8_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> nn.Module:
     """An int8 (per-channel) linear over `weight` [out, in] and an optional float bias [out] (a drafter's compact
-    head; fused projections)."""
+    head; fused projections): the engine's kernel where it runs, else PyTorch's dynamic int8 linear."""
+    if int8_kernel.available():
+        return int8_kernel.Int8Linear(weight, bias)
     linear = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, dtype=torch.float32)
     with torch.no_grad():
         linear.weight.copy_(weight.float())

@@ -26,9 +26,7 @@
 #include <cstring>
 #include <vector>
 
-#if defined(__linux__)
-#include <sys/mman.h>
-#endif
+#include "huge_pages.h"
 
 #if defined(__AVX512BF16__)
 #include <immintrin.h>
@@ -39,31 +37,6 @@ namespace {
 constexpr int64_t GROUP = 32;     // output columns per group: two zmm of 16 fp32 accumulators
 constexpr int ROWS_PER_TILE = 8;  // rows sharing a group's weight loads: 16 accumulators, enough to hide latency
 
-// The packed weight lives in its own mapping, aligned to 2 MB and advised onto huge pages before it is first
-// written (transparent huge pages in "madvise" mode serve only regions that ask, and memory the allocator
-// recycles was faulted in small pages already). Streaming a weight through 4 KB pages takes a TLB walk every
-// 4 KB and stops the prefetchers at every page end: with 2 MB pages the 55 MB gate/up weight of Qwen2.5-1.5B took
-// 0.68 ms a 4-row call against 0.92 (bench/session39/README.md). Where the system refuses, the mapping keeps small
-// pages and nothing else changes.
-at::Tensor empty_on_huge_pages(at::IntArrayRef sizes, const at::TensorOptions& options) {
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-  constexpr size_t HUGE = size_t(1) << 21;
-  size_t bytes = options.dtype().itemsize();
-  for (const int64_t size : sizes) bytes *= static_cast<size_t>(size);
-  if (bytes >= HUGE) {
-    const size_t mapped = (bytes + 2 * HUGE - 1) & ~(HUGE - 1);  // room to align the start to 2 MB
-    void* base = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (base != MAP_FAILED) {
-      const uintptr_t start = (reinterpret_cast<uintptr_t>(base) + HUGE - 1) & ~uintptr_t(HUGE - 1);
-      madvise(reinterpret_cast<void*>(start), bytes, MADV_HUGEPAGE);
-      return torch::from_blob(reinterpret_cast<void*>(start), sizes,
-                              [base, mapped](void*) { munmap(base, mapped); }, options);
-    }
-  }
-#endif
-  return at::empty(sizes, options);
-}
-
 at::Tensor bf16_linear_pack(const at::Tensor& weight) {
   TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kBFloat16 && weight.device().is_cpu(),
               "bf16_linear_pack: expected a 2-D bfloat16 CPU weight, got ", weight.sizes(), " ", weight.scalar_type());
@@ -71,7 +44,7 @@ at::Tensor bf16_linear_pack(const at::Tensor& weight) {
   TORCH_CHECK(K % 2 == 0, "bf16_linear_pack: the input width must be even, got ", K);
   const int64_t G = (N + GROUP - 1) / GROUP, P = K / 2;
   const at::Tensor w = weight.contiguous();
-  at::Tensor packed = empty_on_huge_pages({G, P, 2, GROUP}, weight.options());
+  at::Tensor packed = specactor::empty_on_huge_pages({G, P, 2, GROUP}, weight.options());
   const uint16_t* src = reinterpret_cast<const uint16_t*>(w.data_ptr());
   uint16_t* dst = reinterpret_cast<uint16_t*>(packed.data_ptr());
   at::parallel_for(0, G, 1, [&](int64_t g0, int64_t g1) {
