@@ -343,7 +343,7 @@ class Run:
         caps = self._draft_caps(slots)
         full_caps = caps if self.proposer.shadows is not None else None
         context = int(self.runner.lengths[slots].max())  # attention reads every row this far
-        arm = self._choose_arm(len(slots), context)
+        arm = self._choose_arm(slots, caps, context)
         # a paused-workers (solo) phase still drafts in process when there are in-process drafters
         drafting = arm != SOLO or bool(self.engine.drafters)
         policy = self.engine.length_policy if self.engine.verify_length == "dynamic" and drafting else None
@@ -394,11 +394,14 @@ class Run:
         alone = policy.verify_seconds(rows, plan.cap, plan.context, regime)
         return policy.verify_seconds(rows + extra, plan.cap, plan.context, regime) <= (1 + COMBINE_MAX_EXTRA) * alone
 
-    def _choose_arm(self, rows: int, context: int) -> str | None:
+    def _choose_arm(self, slots: torch.Tensor, caps: torch.Tensor, context: int) -> str | None:
         """Dynamic decoupling: this round's arm; switching pauses/resumes the workers and moves threads."""
         if self.phase is None:
             return None
-        arm = self.phase.choose(self._decoupled_bound(rows, context))
+        bound = expected = None
+        if self.phase.deciding():  # the estimates are read only where the arm is decided
+            bound, expected = self._decoupled_bound(len(slots), context), self._solo_expected(slots, caps, context)
+        arm = self.phase.choose(bound, expected)
         if arm != self.arm:
             assert self.coordinator is not None
             self.coordinator.pause(arm == SOLO)
@@ -418,6 +421,17 @@ class Run:
             return None
         return max(policy.throughput(rows, k, context, regime=DECOUPLED, drafting=False)
                    for k in range(1, policy.max_k + 1))
+
+    def _solo_expected(self, slots: torch.Tensor, caps: torch.Tensor, context: int) -> float | None:
+        """Tokens per second the paused-workers arm is expected to keep up: its best verify length and assignment
+        of in-process draft methods (plain decoding included), drafting time included, no catch-up (a phase's
+        one-time cost). None without in-process drafters or a dynamic verify length (its rate is then measured)."""
+        policy = self.engine.length_policy
+        if policy is None or not len(slots) or not self.engine.drafters or self.engine.verify_length != "dynamic":
+            return None
+        options = self.proposer.method_options(slots, caps, workers_on=False) or [None]
+        return max(policy.throughput(len(slots), k, context, regime=SOLO, methods=option)
+                   for k in range(policy.max_k + 1) for option in options)
 
     def _draft_caps(self, slots: torch.Tensor) -> torch.Tensor:
         """Per-row draft count so a round never passes max_new_tokens or the context: [R]."""

@@ -13,8 +13,10 @@ exploit period doubles (up to `max_exploit_rounds`); a change of winner resets i
 the workers' arm the caller may give the rate it expects of that arm at best (the engine: the best
 verify length for the acceptance seen so far, at the verify cost on the verifier's threads, scaled
 by what that arm's rounds took once it has run); when even that is below the measured plain rate
-the exploration is skipped, which is what keeps a compute-bound full batch at `ar` speed. A pure
-policy over observations, unit-tested on its own.
+the exploration is skipped, which is what keeps a compute-bound full batch at `ar` speed; the caller may also
+give the rate the paused arm is expected to keep up with its in-process drafters, and the bound must clear that
+too (a paused arm measured while its in-process draft model still caught up looks no faster than plain decoding).
+A pure policy over observations, unit-tested on its own.
 """
 
 from __future__ import annotations
@@ -41,14 +43,20 @@ class DecouplingPolicy:
     last_winner: str | None = None
     skipped: int = 0  # explorations of the workers' arm skipped because its optimistic rate could not win
 
-    def choose(self, decoupled_bound: float | None = None) -> str:
-        """The arm for the next round; decoupled_bound: the workers' arm's optimistic tokens per second now."""
-        limit = self.explore_rounds if self.exploring else self.exploit_limit
-        if self.rounds_in_arm >= limit:
-            self._advance(decoupled_bound)
+    def choose(self, decoupled_bound: float | None = None, solo_expected: float | None = None) -> str:
+        """The arm for the next round; decoupled_bound: the workers' arm's optimistic tokens per second now;
+        solo_expected: the rate the paused-workers arm is expected to keep up (the engine: its best verify length
+        and in-process draft methods, without the one-time catch-ups of a phase's start). Both matter only on the
+        rounds where `deciding()`."""
+        if self.deciding():
+            self._advance(decoupled_bound, solo_expected)
         self.rounds_in_arm += 1
         self.history.append(self.arm)
         return self.arm
+
+    def deciding(self) -> bool:
+        """Whether the next `choose` ends the current exploration or exploit period (and reads its arguments)."""
+        return self.rounds_in_arm >= (self.explore_rounds if self.exploring else self.exploit_limit)
 
     def observe(self, arm: str, tokens: int, seconds: float) -> None:
         """One finished round of `arm`: tokens emitted and its wall time (first rounds of an arm
@@ -61,7 +69,7 @@ class DecouplingPolicy:
         done, spent = self.measured.get(arm, (0, 0.0))
         return done / spent if spent > 0 else None
 
-    def _advance(self, decoupled_bound: float | None) -> None:
+    def _advance(self, decoupled_bound: float | None, solo_expected: float | None = None) -> None:
         self.rounds_in_arm = 0
         if not self.exploring:  # an exploit period ended: measure both arms again, plain decoding first
             self.exploring, self.measured = True, {}
@@ -69,7 +77,13 @@ class DecouplingPolicy:
             return
         solo = self.rate(SOLO)
         if self.arm == SOLO and DECOUPLED not in self.measured:
-            if decoupled_bound is not None and solo is not None and decoupled_bound < (1 + self.margin) * solo:
+            # the bar the workers' best case must clear: the paused arm's measured rate, or what it is expected to
+            # keep up where that is more. Trace D, session 41: the paused arm's first rounds decoded plainly while
+            # the in-process 0.5B waited to catch up on the group's prompts, its measured rate was plain decoding's,
+            # and the workers (the verifier on one thread of two) held the rows for 80 rounds at ~52 tokens/s where
+            # the in-process model went on at ~70
+            bar = max((r for r in (solo, solo_expected) if r is not None), default=None)
+            if decoupled_bound is not None and bar is not None and decoupled_bound < (1 + self.margin) * bar:
                 self.skipped += 1
                 self._exploit(SOLO)
             else:

@@ -438,8 +438,8 @@ def test_paused_workers_give_their_threads_back(models, target, monkeypatch):
     seen: list[tuple[str, int, float]] = []  # per round: arm, verifier threads, worker CPU seconds so far
     choose_arm = Run._choose_arm
 
-    def recording(run, rows, context):
-        arm = choose_arm(run, rows, context)
+    def recording(run, slots, caps, context):
+        arm = choose_arm(run, slots, caps, context)
         seen.append((arm, torch.get_num_threads(), worker.cpu_s()))
         return arm
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 from specactor_engine.decoupled.phase import DECOUPLED, SOLO, DecouplingPolicy
 
 
-def drive(policy: DecouplingPolicy, rates: dict[str, float], rounds: int, bound: float | None = None) -> list[str]:
+def drive(policy: DecouplingPolicy, rates: dict[str, float], rounds: int, bound: float | None = None,
+          solo_expected: float | None = None) -> list[str]:
     """Run the policy against arms that emit `rates[arm]` tokens per second (1 s rounds)."""
     arms = []
     for _ in range(rounds):
-        arm = policy.choose(bound)
+        arm = policy.choose(bound, solo_expected)
         policy.observe(arm, int(rates[arm]), 1.0)
         arms.append(arm)
     return arms
@@ -61,6 +62,22 @@ def test_the_workers_arm_is_not_explored_when_even_its_best_case_cannot_win():
     assert letters(arms) == "ss" "ssss" "ss" "ssssssss" and policy.skipped == 2
     # the batch shrank into the tail: the best case could win now, so the arm is measured again
     assert letters(drive(policy, {DECOUPLED: 150, SOLO: 100}, 2 + 2 + 4, bound=400.0)) == "ssdd" "dddd"
+
+
+def test_the_workers_best_case_must_also_clear_what_the_paused_arm_is_expected_to_keep_up():
+    """Trace D, session 41: the paused arm's measured rounds decoded plainly (its in-process draft model waiting to
+    catch up), so its measured rate was plain decoding's; the workers' best case cleared that but not the rate the
+    in-process model was expected to keep up, and the workers held the rows for 80 rounds at ~52 tokens/s against
+    ~70 in process."""
+    policy = DecouplingPolicy(explore_rounds=2, exploit_rounds=4, warmup_rounds=0)
+    assert letters(drive(policy, {DECOUPLED: 52, SOLO: 48}, 2)) == "ss"
+    assert policy.deciding()  # the exploration of the paused arm ends: the caller computes its estimates for it
+    arms = drive(policy, {DECOUPLED: 52, SOLO: 48}, 3, bound=60.0, solo_expected=70.0)
+    assert letters(arms) == "sss" and policy.skipped == 1
+    assert not policy.deciding()  # inside the exploit period of 4
+    # without the expectation (or below the measured rate) the bound clears the measured 48 and the arm is explored
+    policy = DecouplingPolicy(explore_rounds=2, exploit_rounds=4, warmup_rounds=0)
+    assert letters(drive(policy, {DECOUPLED: 52, SOLO: 48}, 2 + 2, bound=60.0, solo_expected=40.0)) == "ss" "dd"
 
 
 class _RecordingCoordinator:

@@ -423,6 +423,27 @@ def test_positions_no_round_verified_are_extrapolated_at_the_deepest_conditional
     assert stats.expected_tokens(4) == pytest.approx(1 + 0.9 + 0.6 + 0.4 + 0.4 * 2 / 3)
 
 
+def test_positions_few_rounds_observed_are_blended_with_the_extrapolation():
+    """Trace D, session 41: the 0.5B's deeper positions stood at 0.25 from two early rounds while its first stood
+    at ~0.9 over hundreds, and the verify length kept one draft a row. A position seen in fewer than
+    `trusted_rounds` rounds counts by that share; one seen that often is its own estimate."""
+    stats = AcceptanceStats(max_k=4, decay=0.3)
+    stats.observe([4] * 4, [1, 1, 0, 0])  # one deep round: q1 = 0.5, q2..q4 = 0
+    for _ in range(20):
+        stats.observe([1] * 4, [1, 1, 1, 1])  # twenty rounds at one draft, all accepted
+    q1, raw = stats.accept_through[0], list(stats.accept_through)
+    assert stats.observed == [21, 1, 1, 1] and q1 > 0.99 and raw[1:] == [0.0] * 3
+    # position 2: a quarter of its one observation (0), three quarters of q1 x q1 / 1 (the first position's rate)
+    expected = [q1]
+    for _ in range(3):
+        expected.append(0.25 * 0.0 + 0.75 * expected[-1] * q1)
+    assert stats.rates() == pytest.approx(expected)
+    assert stats.expected_tokens(2) > 1.7  # the second draft is worth verifying again, and a round will tell
+    for _ in range(3):
+        stats.observe([4] * 4, [4, 1, 1, 1])  # now four rounds at position 2: its own estimate
+    assert stats.observed[1] == 4 and stats.rates()[:2] == pytest.approx(stats.accept_through[:2])
+
+
 def test_a_losing_draft_model_is_probed_now_and_then_and_wins_back_when_its_drafts_got_good():
     """The model's statistics are refreshed only by rounds that draft with it: while the free assignment wins
     the model's is still run now and then (intervals doubling while it keeps losing), and once probes show
@@ -475,7 +496,8 @@ def test_a_deep_probe_expected_to_cost_little_runs_often():
     runs every `cheap_probe_every` rounds (a round at max_k, by any cause, restarts the count); the regular
     probes keep their own schedule."""
     table = linear_table(0.3, 0.03)  # 1 row: k = 1 at 0.36 s, k = 4 at 0.45 s
-    policy = VerifyLengthPolicy(table, AcceptanceStats(max_k=4, accept_through=[0.9, 0.1, 0.05, 0.01]),
+    # rates set by hand and held: trusted from the first round (`trusted_rounds` has its own test)
+    policy = VerifyLengthPolicy(table, AcceptanceStats(max_k=4, accept_through=[0.9, 0.1, 0.05, 0.01], trusted_rounds=1),
                                 probe_every=16, cheap_probe_every=4, hysteresis=0.0)
     chosen = []
     for _ in range(20):
