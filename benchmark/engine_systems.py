@@ -86,6 +86,9 @@ ENGINE_VARIANTS: tuple[EngineVariant, ...] = (
     EngineVariant("coupled-cheap", "coupled", "The trace's draft model as `specactor` drafts with it in process: "
                   "int8 weights and a compact head over 32k tokens, dynamic verify length (its single-drafter "
                   "baseline).", ("model",), "dynamic"),
+    EngineVariant("coupled-cheap-trimmed", "coupled", "`coupled-cheap` with draft trimming (rollout.draft_trimming: "
+                  "each round verifies the drafted positions whose chance of acceptance pays for their verify time).",
+                  ("model",), "dynamic", trimming=True),
     EngineVariant("coupled-feature", "coupled", "The feature-level drafter given with --feature-drafter alone (one "
                   "decoder layer over the target's hidden states, EAGLE-style), dynamic verify length.",
                   ("feature",), "dynamic"),

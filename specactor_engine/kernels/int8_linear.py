@@ -46,6 +46,9 @@ class Int8Linear(nn.Module):
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         super().__init__()
+        if not available():  # also loads the extension that registers the ops
+            raise RuntimeError("Int8Linear needs a CPU with AVX-512 VNNI and the engine's C++ kernels built; "
+                               "model/quantize.py `int8_linear` falls back to PyTorch's dynamic int8 linear")
         self.out_features, self.in_features = weight.shape
         quantized, scale = quantize_weight(weight)
         self.register_buffer("packed", torch.ops.specactor.int8_linear_pack(quantized), persistent=False)

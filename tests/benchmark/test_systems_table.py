@@ -23,6 +23,7 @@ EXPECTED = {
     "coupled-suffix": ("coupled", ["suffix"], ["suffix"], "dynamic", False, True),
     "coupled-ngram": ("coupled", ["ngram"], ["ngram"], "dynamic", False, True),
     "coupled-cheap": ("coupled", ["model"], None, "dynamic", False, True),
+    "coupled-cheap-trimmed": ("coupled", ["model"], None, "dynamic", False, True),  # and draft trimming
     "coupled-feature": ("coupled", None, None, "dynamic", False, True),  # needs --feature-drafter (own test)
     "coupled-feature-trimmed": ("coupled", None, None, "dynamic", False, True),  # the same, and draft trimming
     "decoupled": ("decoupled", [], None, "dynamic", True, True),
@@ -50,7 +51,8 @@ def specs(tmp_path: Path) -> dict[bool, RunSpec]:
 
 def test_every_system_name_is_registered_in_order():
     assert list(SYSTEMS) == ["hf", "ar", "ar-torch", "coupled", "coupled-dynamic", "coupled-suffix", "coupled-ngram",
-                             "coupled-cheap", "coupled-feature", "coupled-feature-trimmed", "decoupled", "specactor", "oracle", "oracle-dynamic", "vllm", "vllm-spec", "vllm-ngram"]
+                             "coupled-cheap", "coupled-cheap-trimmed", "coupled-feature", "coupled-feature-trimmed",
+                             "decoupled", "specactor", "oracle", "oracle-dynamic", "vllm", "vllm-spec", "vllm-ngram"]
     assert [name for name, entry in SYSTEMS.items() if entry.needs_reference] == ["oracle", "oracle-dynamic"]
     assert system_unavailable("ar") is None and system_unavailable("nothing") is None
 
@@ -74,7 +76,7 @@ def test_each_engine_row_configures_the_engine_like_before(variant, specs):
                 rollout.packed_verify) == \
             (defaults.combine_below, defaults.shadow_rows, defaults.acceptance, defaults.selection,
              defaults.packed_verify)
-        assert rollout.draft_trimming == (variant.name == "coupled-feature-trimmed")
+        assert rollout.draft_trimming == variant.name.endswith("-trimmed")
 
 
 @pytest.mark.parametrize("name", ["decoupled", "coupled-cheap"])

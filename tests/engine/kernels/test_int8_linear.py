@@ -99,3 +99,9 @@ def test_int8_drafting_runs_on_the_kernel_and_on_pytorchs_linear_where_it_does_n
     fallback = Int8PackedLinear(parts)(x)
     for got in (with_kernel, fallback):
         assert float((got - exact).norm() / exact.norm()) < 0.02
+
+
+def test_the_kernel_linear_is_refused_where_the_kernel_does_not_run(monkeypatch):
+    monkeypatch.setattr(int8_linear, "available", lambda: False)
+    with pytest.raises(RuntimeError, match="AVX-512 VNNI"):
+        int8_linear.Int8Linear(torch.randn(8, 8))
