@@ -9,6 +9,15 @@
 // bench/session39/linear_timing.py): a decode step 1.18-1.57x and a 16-token verify 1.21-1.25x oneDNN's (a step
 // gains what the machine's memory state allows; verifies are compute-bound).
 //
+// A verify's 8-24 rows need the weights at the rate the arithmetic eats them (12 rows: 128 bytes per 12 cycles a
+// core), and the hardware prefetcher alone fell behind once the cores were busy: 12 rows ran at ~510 GFLOP/s from
+// memory against ~850 on weights in L2. So each K pair also prefetches the weight 8 KB ahead (into the next group
+// at a group's end: a thread's groups are contiguous), and up to 12 rows share one pass over a group (24
+// accumulators), which streams the weight from memory once instead of twice for 9-12 rows. Qwen2.5-1.5B's
+// decoder linears, 28 layers streamed from memory, alternated in one process (bench/session42/linear_prefetch.py):
+// 8 rows 1.13-1.41x, 12 rows 1.31-1.61x, 16-24 rows 1.2-1.4x faster, 4 rows unchanged; 12 rows now take about
+// what 4 rows take.
+//
 //   packed = bf16_linear_pack(W)         W [N, K] bf16, K even -> [G, K/2, 2, 32] bf16, G = ceil(N / 32)
 //                                        packed[g][p][b][2j + t] = W[32g + 16b + j][2p + t] (0 past N)
 //   y = bf16_linear(x, packed, b, N)     x [M, K] bf16, b [N] bf16 or None -> y [M, N] bf16
@@ -35,7 +44,8 @@
 namespace {
 
 constexpr int64_t GROUP = 32;     // output columns per group: two zmm of 16 fp32 accumulators
-constexpr int ROWS_PER_TILE = 8;  // rows sharing a group's weight loads: 16 accumulators, enough to hide latency
+constexpr int ROWS_PER_TILE = 12;  // rows sharing a group's weight loads: up to 24 accumulators of the 32 registers
+constexpr int64_t PREFETCH_AHEAD = 128;  // 64-byte weight lines (64 K pairs) ahead of the one loaded
 
 at::Tensor bf16_linear_pack(const at::Tensor& weight) {
   TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kBFloat16 && weight.device().is_cpu(),
@@ -73,6 +83,8 @@ inline void tile(const int32_t* x, int64_t P, const __m512bh* w, float* acc) {
     hi[m] = _mm512_setzero_ps();
   }
   for (int64_t p = 0; p < P; ++p) {
+    _mm_prefetch(reinterpret_cast<const char*>(w + 2 * p + PREFETCH_AHEAD), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(w + 2 * p + 1 + PREFETCH_AHEAD), _MM_HINT_T0);
     const __m512bh w0 = w[2 * p], w1 = w[2 * p + 1];
     for (int m = 0; m < ROWS; ++m) {
       const __m512bh pair = (__m512bh)_mm512_set1_epi32(x[m * P + p]);  // (x[2p], x[2p+1]) in every lane
@@ -87,8 +99,8 @@ inline void tile(const int32_t* x, int64_t P, const __m512bh* w, float* acc) {
 }
 
 using TileFn = void (*)(const int32_t*, int64_t, const __m512bh*, float*);
-constexpr TileFn TILES[ROWS_PER_TILE + 1] = {nullptr, tile<1>, tile<2>, tile<3>, tile<4>,
-                                             tile<5>, tile<6>, tile<7>, tile<8>};
+constexpr TileFn TILES[ROWS_PER_TILE + 1] = {nullptr, tile<1>, tile<2>,  tile<3>,  tile<4>,  tile<5>, tile<6>,
+                                             tile<7>, tile<8>, tile<9>, tile<10>, tile<11>, tile<12>};
 
 #endif
 
@@ -117,7 +129,7 @@ at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed, const c10:
     std::vector<float> acc(M * GROUP);
     for (int64_t g = g0; g < g1; ++g) {
       const __m512bh* wg = w + g * P * 2;
-      for (int64_t t = 0, m0 = 0; t < tiles; ++t) {  // rows split evenly into tiles of at most 8
+      for (int64_t t = 0, m0 = 0; t < tiles; ++t) {  // rows split evenly into tiles of at most 12
         const int64_t rows = (M - m0) / (tiles - t);
         TILES[rows](x32 + m0 * P, P, wg, acc.data() + m0 * GROUP);
         m0 += rows;
