@@ -24,9 +24,11 @@ def weights(n: int, k: int, bias: bool, seed: int = 0) -> tuple[torch.Tensor, to
 @pytest.mark.parametrize("rows, k, n, bias", [
     (1, 64, 40, False),    # one row; N not a multiple of the 32-column group
     (5, 64, 96, True),     # a tile of 5 rows, with a bias
+    (12, 192, 70, False),  # one tile of 12 (24 accumulators)
     (16, 128, 64, True),   # two tiles of 8
     (13, 256, 33, False),  # tiles of 7 and 6; one column in the last group
-    (20, 32, 32, True),    # three tiles
+    (20, 32, 32, True),    # two tiles of 10
+    (25, 96, 64, True),    # three tiles (9, 8, 8)
 ])
 def test_the_kernel_equals_its_reference_bit_for_bit(rows, k, n, bias):
     weight, b = weights(n, k, bias)
@@ -40,13 +42,13 @@ def test_the_kernel_equals_its_reference_bit_for_bit(rows, k, n, bias):
 
 
 def test_a_rows_bits_are_the_same_alone_and_among_any_rows():
-    """Rows are tiled by 8 with the remainder spread (13 = 7 + 6, 20 = 7 + 7 + 6): a row's tile and its place in
-    it change with the row count, its bits must not."""
+    """Rows are tiled by at most 12 with the remainder spread (13 = 7 + 6, 20 = 10 + 10, 25 = 9 + 8 + 8): a row's
+    tile and its place in it change with the row count, its bits must not."""
     weight, b = weights(100, 96, bias=True, seed=2)
     packed = bf16_linear.pack(weight)
-    x = torch.randn(24, 96, generator=torch.Generator().manual_seed(3)).bfloat16()
+    x = torch.randn(28, 96, generator=torch.Generator().manual_seed(3)).bfloat16()
     full = bf16_linear.linear(x, packed, b, 100)
-    for rows in (1, 2, 3, 4, 7, 9, 13, 17):
+    for rows in (1, 2, 3, 4, 7, 9, 12, 13, 17, 25):
         assert torch.equal(bf16_linear.linear(x[-rows:], packed, b, 100), full[-rows:]), rows
 
 
