@@ -2,47 +2,62 @@
 
     .venv/bin/python bench/session42/int8_prefetch.py 0,128 4,8
 
-int8_linear_variants.cpp is csrc/int8_linear.cpp as of session 41 with a prefetch DIST 64-byte lines ahead
-(set_dist; 0: none, as then); alternated in one process; median of 7 of all the linears per row count.
+Session 41's int8 kernel (variants.py) with a prefetch DIST 64-byte lines ahead (0: none, as then), alternated in
+one process; the median of 7 of all the linears per row count.
 """
-import sys, time, statistics, torch
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
 from pathlib import Path
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parents[1]))
-torch.set_num_threads(2)
-from specactor_engine.kernels import build
-build.extension_available()
-from torch.utils.cpp_extension import load
-BUILD = Path("/tmp/specactor-bench-s42i")
-BUILD.mkdir(exist_ok=True)
-load(name="s42i", sources=[str(HERE / "int8_linear_variants.cpp")], build_directory=str(BUILD), verbose=False,
-     extra_cflags=["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math",
-                   f"-I{HERE.parents[1] / 'specactor_engine' / 'kernels' / 'csrc'}"],
-     is_python_module=False, extra_ldflags=["-fopenmp"])
-dists = [int(d) for d in sys.argv[1].split(",")]
-Ms = [int(m) for m in sys.argv[2].split(",")]
-shapes = [(1152, 896), (896, 896), (9728, 896), (896, 4864)]
-g = torch.Generator().manual_seed(0)
-W = []
-for _ in range(24):
-    ws = []
-    for n, k in shapes:
-        wq = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8)
-        ws.append((torch.ops.specactor.int8_linear_pack(wq), torch.rand(n) * 0.01, wq.sum(1, dtype=torch.int32), n))
-    W.append(ws)
-head = torch.randint(-127, 128, (32768, 896), generator=g, dtype=torch.int8)
-W.append([(torch.ops.specactor.int8_linear_pack(head), torch.rand(32768) * 0.01, head.sum(1, dtype=torch.int32), 32768)])
-xs = {M: {k: torch.randn(M, k, generator=g) for k in (896, 4864)} for M in Ms}
-def run(d, M):
-    torch.ops.s42i.set_dist(d)
-    t = time.perf_counter()
-    for ws in W:
-        for packed, sc, cs, n in ws: torch.ops.s42i.int8_linear(xs[M][packed.shape[1] * 4 if packed.shape[1]*4 in (896, 4864) else 896], packed, sc, cs, None, n)
-    return time.perf_counter() - t
-res = {}
-for _ in range(7):
-    for M in Ms:
-        for d in dists: res.setdefault((d, M), []).append(run(d, M))
-for M in Ms:
-    b = statistics.median(res[(dists[0], M)])
-    print(f"M={M} " + "  ".join(f"[{d}] {statistics.median(res[(d, M)])*1e3:6.2f} ms ({b/statistics.median(res[(d, M)]):.2f}x)" for d in dists))
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from specactor_engine.kernels import build  # noqa: E402
+from variants import build as build_variant  # noqa: E402
+
+SHAPES = [(1152, 896), (896, 896), (9728, 896), (896, 4864)]  # (N, K): qkv, o, gate/up, down
+LAYERS, HEAD = 24, 32768
+
+
+def packed(n: int, k: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, int]:
+    wq = torch.randint(-127, 128, (n, k), generator=generator, dtype=torch.int8)
+    return torch.ops.specactor.int8_linear_pack(wq), torch.rand(n) * 0.01, wq.sum(1, dtype=torch.int32), n, k
+
+
+def main() -> None:
+    torch.set_num_threads(2)
+    assert build.extension_available(), "the engine's kernels did not build"
+    build_variant("int8")
+    distances = [int(d) for d in sys.argv[1].split(",")]
+    rows = [int(m) for m in sys.argv[2].split(",")]
+    generator = torch.Generator().manual_seed(0)
+    linears = [packed(n, k, generator) for _ in range(LAYERS) for n, k in SHAPES] + [packed(HEAD, 896, generator)]
+    inputs = {m: {k: torch.randn(m, k, generator=generator) for k in (896, 4864)} for m in rows}
+
+    def timed(distance: int, m: int) -> float:
+        torch.ops.s42i.set_dist(distance)
+        started = time.perf_counter()
+        for weight, scale, colsum, n, k in linears:
+            torch.ops.s42i.int8_linear(inputs[m][k], weight, scale, colsum, None, n)
+        return time.perf_counter() - started
+
+    results: dict[tuple[int, int], list[float]] = {}
+    for _ in range(7):
+        for m in rows:
+            for distance in distances:
+                results.setdefault((distance, m), []).append(timed(distance, m))
+    for m in rows:
+        first = statistics.median(results[(distances[0], m)])
+        print(f"M={m} " + "  ".join(
+            f"[{d}] {statistics.median(results[(d, m)]) * 1e3:6.2f} ms ({first / statistics.median(results[(d, m)]):.2f}x)"
+            for d in distances))
+
+
+if __name__ == "__main__":
+    main()

@@ -15,8 +15,8 @@
 // at a group's end: a thread's groups are contiguous), and up to 12 rows share one pass over a group (24
 // accumulators), which streams the weight from memory once instead of twice for 9-12 rows. Qwen2.5-1.5B's
 // decoder linears, 28 layers streamed from memory, alternated in one process (bench/session42/linear_prefetch.py):
-// 8 rows 1.13-1.41x, 12 rows 1.31-1.61x, 16-24 rows 1.2-1.4x faster, 4 rows unchanged; 12 rows now take about
-// what 4 rows take.
+// 4 rows 1.00-1.10x, 8 rows 1.31-1.41x, 12 rows 1.31-1.69x, 16-24 rows 1.18-1.39x, 32-128 rows 1.05-1.17x faster;
+// 12 rows now take about what 4 rows take.
 //
 //   packed = bf16_linear_pack(W)         W [N, K] bf16, K even -> [G, K/2, 2, 32] bf16, G = ceil(N / 32)
 //                                        packed[g][p][b][2j + t] = W[32g + 16b + j][2p + t] (0 past N)

@@ -7,7 +7,7 @@
 // layout VPDPBUSD reads), each thread walks its own contiguous range of 32-column groups from the first input to
 // the last, and rows share a group's loads in tiles of up to 8. Each input quad also prefetches the weight 8 KB
 // ahead, as the bf16 kernel does (0.5B-shaped linears from memory, bench/session42/int8_prefetch.txt: 4 rows
-// 1.02-1.04x, 8 rows 1.10-1.12x).
+// 1.03-1.08x, 8 rows 1.12-1.29x).
 //
 //   packed = int8_linear_pack(Wq)       Wq [N, K] int8 -> [G, Q, 32, 4] int8, G = ceil(N / 32), Q = ceil(K / 4)
 //                                       packed[g][q][c][t] = Wq[32g + c][4q + t] (0 past N and past K)
