@@ -22,12 +22,13 @@ from rich.logging import RichHandler
 from rich.table import Table
 
 from specactor_engine.config import ConfigError, Dtype, SpecActorConfig, config_to_yaml, load_config
-from specactor_engine.io import PromptFileError, read_requests, write_outputs, write_stats
+from specactor_engine.io import PromptFileError, read_requests, write_output_lines, write_stats
 from specactor_engine.training.report import PhaseProgress
-from specactor_engine.types import Request, RolloutResult
+from specactor_engine.types import EngineStats, Request, RolloutResult
 
 if TYPE_CHECKING:
     from specactor_engine.engine import Engine
+    from specactor_engine.journal import RolloutJournal
     from specactor_engine.replicas.pool import ReplicaPool
 
 USER_ERROR_EXIT_CODE = 2
@@ -150,8 +151,17 @@ def rollout(
     stats: Annotated[Path | None, typer.Option("--stats", help="Write the rollout stats as JSON here.")] = None,
     show_config: Annotated[bool, typer.Option("--show-config", help="Print the resolved config YAML.")] = False,
     show: Annotated[int, typer.Option("--show", min=0, help="Print the first N generated texts.")] = 0,
+    restart: Annotated[bool, typer.Option("--restart", help="Discard the journal an interrupted run of this --out "
+                                          "left (OUT.journal) and roll out every sample again.")] = False,
 ) -> None:
-    """Generate `sampling.n` samples per prompt with the configured engine and write them as JSONL."""
+    """Generate `sampling.n` samples per prompt with the configured engine and write them as JSONL.
+
+    Finished samples go to OUT.journal as they finish; if the run is interrupted, the same command resumes it,
+    rolling out only the samples the journal lacks (exactly the ones an uninterrupted run writes: a sample does
+    not depend on what shares the engine). The journal is removed once OUT is written.
+    """
+    from specactor_engine.journal import JournalError, RolloutJournal, journal_path, rollout_fingerprint
+
     with user_errors():
         cfg = load_config(config, overrides or ())
     if show_config:
@@ -164,26 +174,57 @@ def rollout(
         _fail(f"output path is a directory: {out if out.is_dir() else stats}")
     with user_errors():
         requests = read_requests(prompts)
-    logger.info("%d requests x %d samples from %s", len(requests), cfg.sampling.n, prompts)
-    result = _generate(cfg, requests)
-    write_outputs(out, result.outputs)
-    if stats is not None:
-        write_stats(stats, result.stats.to_dict())
-    _print_samples(result, show)
-    _print_summary(result, out)
+        fingerprint = rollout_fingerprint(config_to_yaml(cfg), prompts.read_bytes())
+    total = len(requests) * cfg.sampling.n
+    with user_errors(JournalError, OSError):
+        journal = RolloutJournal.open(journal_path(out), fingerprint, restart=restart)
+    if journal.done:
+        logger.info("resuming from %s: %d of %d samples finished", journal.path, len(journal.done), total)
+    else:
+        logger.info("%d requests x %d samples from %s", len(requests), cfg.sampling.n, prompts)
+    result, resumed = RolloutResult([], EngineStats(mode=cfg.rollout.mode)), len(journal.done)
+    try:
+        if resumed < total:
+            result = _generate(cfg, requests, journal)
+        lines = _journal_lines(journal.done, requests, cfg.sampling.n)
+        write_output_lines(out, lines)
+        if stats is not None:
+            write_stats(stats, {**result.stats.to_dict(), "resumed_samples": resumed})
+    except BaseException as exc:
+        if not journal.done:  # nothing to resume: no journal left behind
+            journal.remove()
+            raise
+        journal.close()
+        if isinstance(exc, KeyboardInterrupt):
+            typer.echo(f"interrupted: {len(journal.done)} of {total} samples are in {journal.path}; the same "
+                       "command resumes from them", err=True)
+            raise typer.Exit(code=130) from None
+        raise
+    journal.remove()
+    _print_samples(lines, show)
+    _print_summary(lines, result.stats, resumed, out)
 
 
-def _print_samples(result: RolloutResult, count: int) -> None:
+def _journal_lines(done: dict[tuple[str, int], dict[str, Any]], requests: list[Request], n: int) -> list[dict]:
+    """Every sample's output line in (request, sample) order; each must be in the journal by now."""
+    missing = [(r.request_id, j) for r in requests for j in range(n) if (r.request_id, j) not in done]
+    if missing:
+        raise RuntimeError(f"the rollout ended without {len(missing)} samples, e.g. {missing[0]}")
+    return [done[(r.request_id, j)] for r in requests for j in range(n)]
+
+
+def _print_samples(lines: list[dict[str, Any]], count: int) -> None:
     """Show the first `count` outputs as panels (id, sample, finish reason, text)."""
     from rich.panel import Panel
 
-    for output in result.outputs[:count]:
-        title = f"{output.request_id} #{output.sample_index} ({output.finish_reason}, {len(output.token_ids)} tokens)"
-        console.print(Panel(output.text or output.error or "", title=title, title_align="left"))
+    for line in lines[:count]:
+        title = f"{line['id']} #{line['sample']} ({line['finish_reason']}, {len(line['token_ids'])} tokens)"
+        console.print(Panel(line["text"] or line.get("error") or "", title=title, title_align="left"))
 
 
-def _generate(cfg: SpecActorConfig, requests: list[Request]) -> RolloutResult:
-    """Build the engine from `cfg` (rollout.replicas > 1: a pool of replicas, replicas/) and run one rollout."""
+def _generate(cfg: SpecActorConfig, requests: list[Request], journal: RolloutJournal) -> RolloutResult:
+    """Build the engine from `cfg` (rollout.replicas > 1: a pool of replicas, replicas/) and roll out what the
+    journal lacks, recording each sample in it as it finishes."""
     from specactor_engine.engine import Engine
     from specactor_engine.model.registry import ModelNotPulledError, UnknownModelError
 
@@ -192,24 +233,34 @@ def _generate(cfg: SpecActorConfig, requests: list[Request]) -> RolloutResult:
 
         with user_errors(UnknownModelError, ModelNotPulledError, ValueError):
             pool = ReplicaPool.from_config(cfg)
+        # a pool rolls out whole groups: a group with any sample missing goes again (the journal keeps one copy)
+        n = cfg.sampling.n
+        todo = [r for r in requests if any((r.request_id, j) not in journal.done for j in range(n))]
         with pool:  # the replicas' actors end with the rollout
-            return _generate_with(pool, cfg, requests)
+            return _generate_with(pool, cfg, todo, (len(requests) - len(todo)) * n, on_output=journal.append)
     with user_errors(UnknownModelError, ModelNotPulledError, ValueError):
         engine = Engine.from_config(cfg)
-    return _generate_with(engine, cfg, requests)
+    return _generate_with(engine, cfg, requests, len(journal.done), skip=set(journal.done),
+                          on_output=journal.append)
 
 
-def _generate_with(engine: Engine | ReplicaPool, cfg: SpecActorConfig, requests: list[Request]) -> RolloutResult:
-    """One rollout with a progress bar on a terminal, else a line at every tenth of the sequences."""
+def _generate_with(engine: Engine | ReplicaPool, cfg: SpecActorConfig, requests: list[Request], ahead: int,
+                   **kwargs: Any) -> RolloutResult:
+    """One rollout with a progress bar on a terminal, else a line at every tenth of the sequences; `ahead`
+    samples were finished before it (a resumed run), and count in the progress shown."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     err = Console(stderr=True)
+    total = len(requests) * cfg.sampling.n - len(kwargs.get("skip", ())) + ahead
     if not err.is_terminal:  # a log file or a pipe (make, CI): a line at every tenth of the sequences
-        return engine.generate(requests, cfg.sampling, progress=_LineProgress(err))
+        show = _LineProgress(err)
+        show(ahead, total)  # a resumed run says where it starts
+        return engine.generate(requests, cfg.sampling, lambda done, total: show(done + ahead, total + ahead), **kwargs)
     columns = (TextColumn("rollout"), BarColumn(), MofNCompleteColumn(), TextColumn("sequences"), TimeElapsedColumn())
     with Progress(*columns, console=err, transient=True) as bar:
-        task = bar.add_task("rollout", total=len(requests) * cfg.sampling.n)
-        return engine.generate(requests, cfg.sampling, progress=lambda done, total: bar.update(task, completed=done))
+        task = bar.add_task("rollout", total=total, completed=ahead)
+        return engine.generate(requests, cfg.sampling, lambda done, total: bar.update(task, completed=done + ahead),
+                               **kwargs)
 
 
 class _LineProgress:
@@ -235,22 +286,24 @@ class _LineProgress:
                                f"{tail}", highlight=False)
 
 
-def _print_summary(result: RolloutResult, out: Path) -> None:
-    stats = result.stats
-    reasons = Counter(output.finish_reason for output in result.outputs)
+def _print_summary(lines: list[dict[str, Any]], stats: EngineStats, resumed: int, out: Path) -> None:
+    """The rollout's figures (this run's decoding; `resumed` samples came from the journal) and its errors."""
+    reasons = Counter(line["finish_reason"] for line in lines)
     table = Table(title=f"rollout ({stats.mode}) -> {out}", show_header=False)
     table.add_column("figure")
     table.add_column("value", justify="right")
-    table.add_row("sequences", str(len(result.outputs)))
-    table.add_row("output tokens", str(stats.output_tokens))
+    table.add_row("sequences", str(len(lines)))
+    if resumed:
+        table.add_row("of them from the journal", str(resumed))
+    table.add_row("output tokens", str(sum(len(line["token_ids"]) for line in lines)))
     table.add_row("tokens/s", f"{stats.tokens_per_s:.1f}")
     table.add_row("mean acceptance length", f"{stats.mean_acceptance_length:.2f}")
     table.add_row("acceptance rate", f"{stats.acceptance_rate:.1%}")
     table.add_row("finish reasons", ", ".join(f"{r}: {c}" for r, c in sorted(reasons.items())))
     console.print(table)
-    for output in result.outputs:
-        if output.error:
-            logger.warning("request %s sample %d: %s", output.request_id, output.sample_index, output.error)
+    for line in lines:
+        if line.get("error"):
+            logger.warning("request %s sample %d: %s", line["id"], line["sample"], line["error"])
 
 
 @app.command()

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Collection, Iterable, Iterator, Sequence
 
 import torch
 
@@ -209,16 +209,28 @@ class Engine:
 
     # ------------------------------------------------------------------ generate
     def generate(self, requests: Sequence[Request], sampling: Any,
-                 progress: Callable[[int, int], None] | None = None) -> RolloutResult:
+                 progress: Callable[[int, int], None] | None = None, *, skip: Collection[tuple[str, int]] = (),
+                 on_output: Callable[[SequenceOutput], None] | None = None) -> RolloutResult:
         """Roll out `sampling.n` samples of every request; outputs in (request, sample) order.
 
         progress(finished_sequences, total_sequences) is called after every round.
+        skip: (request id, sample index) pairs not to roll out (a resumed rollout's finished samples: a sample
+        does not depend on which others share the call); they are left out of the outputs and the counts.
+        on_output(output) is called for each sample as it finishes (its round retires it), before the call returns.
         """
         started = clock.now()
         stats = EngineStats(mode=self.mode.name, drafted_per_position=[0] * self.num_draft_tokens,
                             accepted_per_position=[0] * self.num_draft_tokens)
         sequences = self._prepare(requests, sampling)
+        if skip:
+            skip = set(skip)
+            sequences = [s for s in sequences if (s.request.request_id, s.sample_index) not in skip]
         runnable = [s for s in sequences if s.error is None]
+        finished = None if on_output is None else (lambda seq: on_output(self._to_output(seq)))
+        if finished is not None:
+            for seq in sequences:
+                if seq.error is not None:
+                    finished(seq)
         threads = torch.get_num_threads()
         if self.verifier_threads:  # decoupled: the workers' threads are not ours to use
             torch.set_num_threads(self.verifier_threads)
@@ -227,7 +239,7 @@ class Engine:
                 self._ensure_length_policy(min(len(runnable), self.max_batch_size), self._longest(runnable, sampling),
                                            threads)
             run = Run(self, sampling, stats, self._reserve(runnable, sampling), started, total_threads=threads)
-            run.decode(runnable, progress)
+            run.decode(runnable, progress, finished)
         finally:
             torch.set_num_threads(threads)
             if self.coordinator is not None and self.coordinator.buffers is not None:

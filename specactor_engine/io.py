@@ -78,10 +78,15 @@ def read_requests(path: str | Path) -> list[Request]:
 
 def write_outputs(path: str | Path, outputs: Iterable[SequenceOutput]) -> int:
     """Write one `SequenceOutput.to_json()` line per output, atomically; return the line count."""
+    return write_output_lines(path, (output.to_json() for output in outputs))
+
+
+def write_output_lines(path: str | Path, lines: Iterable[dict[str, Any]]) -> int:
+    """Write output lines (`SequenceOutput.to_json()` dicts) as JSONL, atomically; return the line count."""
     count = 0
     with atomic_writer(path) as handle:
-        for output in outputs:
-            handle.write(json.dumps(output.to_json(), ensure_ascii=False) + "\n")
+        for line in lines:
+            handle.write(json.dumps(line, ensure_ascii=False) + "\n")
             count += 1
     return count
 

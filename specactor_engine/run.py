@@ -124,6 +124,7 @@ class Run:
         num_slots, max_len = capacity
         self.state = SequenceState.allocate(num_slots, max_len)
         self.slot_seq: dict[int, SampleRecord] = {}
+        self.on_finish: Callable[[SampleRecord], None] | None = None  # `decode`'s
         self.waiting: Counter[int] = Counter()  # id(request) -> its samples not yet admitted (`decode`)
         self.kept_logits: dict[int, torch.Tensor] = {}  # id(request) -> its prompt's logits [V] while some wait
         self.free = list(range(num_slots - 1, -1, -1))
@@ -176,7 +177,12 @@ class Run:
         seq = self.slot_seq[slot]
         return seq.output_ids, seq.key, seq.finish_reason is not None
 
-    def decode(self, sequences: list[SampleRecord], progress: Callable[[int, int], None] | None = None) -> None:
+    def decode(self, sequences: list[SampleRecord], progress: Callable[[int, int], None] | None = None,
+               on_finish: Callable[[SampleRecord], None] | None = None) -> None:
+        """Decode `sequences` to their stop conditions, admitting them as slots free up.
+
+        progress(finished, total) after every round; on_finish(sequence) as each one retires."""
+        self.on_finish = on_finish
         pending = deque(sequences)
         self.waiting = Counter(id(seq.request) for seq in sequences)
         self.kept_logits.clear()
@@ -482,8 +488,10 @@ class Run:
         for drafter in self.engine.drafters:
             drafter.finish_rows(self.state, torch.tensor(finished))
         for slot in finished:
-            del self.slot_seq[slot]
+            seq = self.slot_seq.pop(slot)
             self.free.append(slot)
+            if self.on_finish is not None:
+                self.on_finish(seq)
         if self.coordinator is not None:
             self.coordinator.remove_rows(np.asarray(finished, dtype=np.int64))
 

@@ -161,10 +161,12 @@ class ReplicaPool:
 
     # ------------------------------------------------------------------ generate
     def generate(self, requests: Sequence[Request], sampling: Any,
-                 progress: Callable[[int, int], None] | None = None) -> RolloutResult:
+                 progress: Callable[[int, int], None] | None = None, *,
+                 on_output: Callable[[SequenceOutput], None] | None = None) -> RolloutResult:
         """Roll out `sampling.n` samples of every request on the replicas; outputs in (request, sample) order.
 
-        progress(finished_sequences, total_sequences) is called as each chunk of groups returns.
+        progress(finished_sequences, total_sequences) is called as each chunk of groups returns, and
+        on_output(output) for each of the chunk's samples (whole groups: a pool has no `skip`).
         """
         started = clock.now()
         queue = deque(self._plan(requests, sampling))
@@ -191,6 +193,9 @@ class ReplicaPool:
                 continue
             idle.append(replica)
             self._gather(chunk, result.outputs, sampling.n, outputs)
+            if on_output is not None:
+                for output in result.outputs:
+                    on_output(output)
             parts.append(ChunkStats(replica.index, offset, result.stats))
             if progress is not None:
                 progress(sum(map(len, outputs.values())), len(requests) * sampling.n)

@@ -26,10 +26,12 @@ class FakeEngine:
     """Stands in for `specactor_engine.engine.Engine`: echoes each request `n` times."""
 
     built: list[FakeEngine] = []
+    interrupt_after: int | None = None  # raise KeyboardInterrupt (Ctrl-C) after this many samples
 
     def __init__(self, cfg: SpecActorConfig) -> None:
         self.cfg = cfg
         self.calls: list[tuple[list[Request], SamplingConfig]] = []
+        self.skipped: list[set[tuple[str, int]]] = []
 
     @classmethod
     def from_config(cls, cfg: SpecActorConfig) -> FakeEngine:
@@ -37,15 +39,23 @@ class FakeEngine:
         cls.built.append(engine)
         return engine
 
-    def generate(self, requests: list[Request], sampling: SamplingConfig, progress=None) -> RolloutResult:
+    def generate(self, requests: list[Request], sampling: SamplingConfig, progress=None, *, skip=(),
+                 on_output=None) -> RolloutResult:
         self.calls.append((requests, sampling))
-        if progress is not None:
-            progress(len(requests) * sampling.n, len(requests) * sampling.n)
+        self.skipped.append(set(skip))
         outputs = [
-            SequenceOutput(r.request_id, j, [1], [4, 5, 6], "four", [-0.1, -0.2, -0.3], "stop" if j else "length", 0)
+            SequenceOutput(r.request_id, j, [1], [4, 5, j], "four", [-0.1, -0.2, -0.3], "stop" if j else "length", 0)
             for r in requests
             for j in range(sampling.n)
+            if (r.request_id, j) not in skip
         ]
+        for done, output in enumerate(outputs):
+            if done == self.interrupt_after:
+                raise KeyboardInterrupt
+            if on_output is not None:
+                on_output(output)
+        if progress is not None:
+            progress(len(outputs), len(outputs))
         stats = EngineStats(
             mode=self.cfg.rollout.mode, num_sequences=len(outputs), output_tokens=3 * len(outputs),
             verify_rounds=2, row_rounds=4, drafted_tokens=8, accepted_tokens=6, total_s=0.5,
@@ -68,7 +78,7 @@ def install_engine(monkeypatch: pytest.MonkeyPatch, engine: type) -> None:
 
 @pytest.fixture
 def fake_engine(monkeypatch: pytest.MonkeyPatch) -> type[FakeEngine]:
-    FakeEngine.built = []
+    FakeEngine.built, FakeEngine.interrupt_after = [], None
     install_engine(monkeypatch, FakeEngine)
     return FakeEngine
 
@@ -120,6 +130,64 @@ def test_rollout_writes_outputs_and_stats(fake_engine: type[FakeEngine], prompts
     for text in ("sequences", "tokens/s", "mean acceptance length", "2.50", "75.0%", "length: 2, stop: 2"):
         assert text in result.output
     assert "rollout: 4/4 sequences finished" in result.output  # not a terminal: progress as lines, not a bar
+
+
+def test_an_interrupted_rollout_resumes_from_its_journal(fake_engine: type[FakeEngine], prompts_file: Path,
+                                                         tmp_path: Path) -> None:
+    out, stats = tmp_path / "rollout.jsonl", tmp_path / "stats.json"
+    journal = tmp_path / "rollout.jsonl.journal"
+    args = ("rollout", "--prompts", prompts_file, "--out", out, "--stats", stats, "--set", "sampling.n=3")
+    fake_engine.interrupt_after = 4  # Ctrl-C with 4 of 6 samples finished
+    result = run(*args)
+    assert result.exit_code == 130, result.output
+    assert "interrupted: 4 of 6 samples are in" in result.output and "Traceback" not in result.output
+    assert not out.exists() and len(journal.read_text().splitlines()) == 1 + 4
+
+    fake_engine.interrupt_after = None
+    result = run(*args)
+    assert result.exit_code == 0, result.output
+    assert fake_engine.built[-1].skipped == [{("q1", 0), ("q1", 1), ("q1", 2), ("7", 0)}]  # only the two left
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["id"], r["sample"], r["token_ids"][-1]) for r in records] == [
+        ("q1", 0, 0), ("q1", 1, 1), ("q1", 2, 2), ("7", 0, 0), ("7", 1, 1), ("7", 2, 2)]
+    assert json.loads(stats.read_text())["resumed_samples"] == 4
+    assert "of them from the journal" in result.output
+    assert "rollout: 4/6 sequences finished" in result.output and "rollout: 6/6 sequences finished" in result.output
+    assert not journal.exists()  # the output is written: nothing left to resume
+
+    result = run(*args)  # a finished rollout run again starts over (no journal)
+    assert result.exit_code == 0 and fake_engine.built[-1].skipped == [set()]
+
+
+def test_a_journal_of_another_rollout_is_refused_and_restart_discards_it(fake_engine: type[FakeEngine],
+                                                                         prompts_file: Path, tmp_path: Path) -> None:
+    out = tmp_path / "rollout.jsonl"
+    fake_engine.interrupt_after = 1
+    assert run("rollout", "--prompts", prompts_file, "--out", out).exit_code == 130
+    fake_engine.interrupt_after = None
+    built = len(fake_engine.built)
+    other = run("rollout", "--prompts", prompts_file, "--out", out, "--set", "sampling.seed=99")
+    assert_user_error(other, "rollout.jsonl.journal", "different config or prompt file", "--restart")
+    assert len(fake_engine.built) == built  # refused before the engine was built
+    result = run("rollout", "--prompts", prompts_file, "--out", out, "--set", "sampling.seed=99", "--restart")
+    assert result.exit_code == 0, result.output
+    engine = fake_engine.built[-1]
+    assert engine.skipped == [set()] and len(out.read_text().splitlines()) == 2 * engine.cfg.sampling.n
+
+
+def test_a_rollout_that_fails_before_any_sample_leaves_no_journal(monkeypatch: pytest.MonkeyPatch,
+                                                                   prompts_file: Path, tmp_path: Path) -> None:
+    from specactor_engine.model.registry import UnknownModelError
+
+    class Unknown:
+        @classmethod
+        def from_config(cls, cfg: SpecActorConfig) -> Any:
+            raise UnknownModelError("unknown model 'nope'")
+
+    install_engine(monkeypatch, Unknown)
+    out = tmp_path / "rollout.jsonl"
+    assert_user_error(run("rollout", "--prompts", prompts_file, "--out", out), "unknown model 'nope'")
+    assert not (tmp_path / "rollout.jsonl.journal").exists()
 
 
 def test_rollout_progress_in_a_log_is_a_line_at_every_tenth() -> None:

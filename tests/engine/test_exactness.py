@@ -240,3 +240,25 @@ def test_model_drafter_prefills_each_distinct_prompt_once(fp64_target):
     result = run(fp64_target, ragged_requests(2), params, "coupled", [drafter], k=2)
     assert prefill_rows == [2]  # 6 rows, 2 distinct prompts
     assert result.stats.acceptance_rate == 1.0  # the copied KV is the prompt's own
+
+
+@pytest.mark.parametrize("mode, kinds", [("ar", ()), ("coupled", ("ngram", "model"))])
+def test_a_resumed_rollout_decodes_the_skipped_samples_away_and_the_rest_exactly(fp64_target, mode, kinds):
+    """`generate(skip=...)`, what `specactor rollout` does with a journal's finished samples: the other samples come
+    out as in one whole run (tokens and log-probs), each handed to on_output once as it finishes."""
+    requests = ragged_requests(6, seed=9)
+    params = sampling(1.0, n=3, seed=13)
+    whole = {(o.request_id, o.sample_index): o for o in run(fp64_target, requests, params).outputs}
+    skip = {key for i, key in enumerate(sorted(whole)) if i % 3 != 1}  # whole groups and parts of groups
+    drafters = [make_drafter(kind, fp64_target, torch.float64, 3) for kind in kinds]
+    engine = Engine(fp64_target, make_tokenizer(), rollout(mode, num_draft_tokens=3, max_batch_size=3),
+                    max_model_len=MAX_LEN, drafters=drafters, check_invariants=True)
+    handed = []
+    result = engine.generate(requests, params, skip=skip, on_output=handed.append)
+    rest = sorted(set(whole) - skip)
+    assert [(o.request_id, o.sample_index) for o in result.outputs] == rest  # (request, sample) order
+    assert result.stats.num_sequences == len(rest)
+    assert sorted((o.request_id, o.sample_index) for o in handed) == rest
+    for output in handed:
+        expected = whole[(output.request_id, output.sample_index)]
+        assert output.token_ids == expected.token_ids and output.logprobs == expected.logprobs

@@ -141,6 +141,47 @@ def test_cli_rollout_on_smollm2(tmp_path: Path):
     assert json.loads(stats.read_text())["verify_rounds"] > 0
 
 
+def test_cli_rollout_interrupted_and_resumed_writes_the_uninterrupted_file_on_smollm2(tmp_path: Path):
+    """Ctrl-C (SIGINT) in the middle of `specactor rollout`, then the same command: the output file is byte for byte
+    the one an uninterrupted run writes (the resumed run admits its rows in other company: 2 rows at a time)."""
+    import json
+    import signal
+    import subprocess
+    import sys
+
+    items = reasoning_gym_items("chain_sum", 3, 0) + reasoning_gym_items("basic_arithmetic", 3, 0)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": item["id"], "messages": build_prompt(item["question"])}) + "\n"
+                               for item in items))
+
+    def command(out: Path) -> list[str]:
+        return [sys.executable, "-m", "specactor.cli", "rollout", "--prompts", str(prompts), "--out", str(out),
+                "--set", "model.target=smollm2-135m-instruct", "--set", "model.dtype=float32",
+                "--set", "sampling.n=2", "--set", "sampling.max_new_tokens=48", "--set", "rollout.max_batch_size=2",
+                "--set", "rollout.verify_length=fixed"]  # mode specactor: suffix and n-gram drafts, 4 a round
+
+    whole = subprocess.run(command(tmp_path / "whole.jsonl"), capture_output=True, text=True, timeout=900)
+    assert whole.returncode == 0, whole.stderr
+    out = tmp_path / "resumed.jsonl"
+    journal = tmp_path / "resumed.jsonl.journal"
+    first = subprocess.Popen(command(out), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 600
+    while first.poll() is None and time.monotonic() < deadline:
+        if journal.exists() and len(journal.read_text().splitlines()) >= 1 + 4:  # header + 4 of 12 samples
+            first.send_signal(signal.SIGINT)
+            break
+        time.sleep(0.05)
+    _, err = first.communicate(timeout=300)
+    assert first.returncode == 130, err
+    kept = len(journal.read_text().splitlines()) - 1
+    assert 4 <= kept < 12 and not out.exists()
+    resumed = subprocess.run(command(out), capture_output=True, text=True, timeout=900)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"{kept} of 12 samples finished" in " ".join(resumed.stderr.split())  # "resuming from ...: "
+    assert out.read_bytes() == (tmp_path / "whole.jsonl").read_bytes()
+    assert not journal.exists()
+
+
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_decoupled_matches_plain_decoding_on_smollm2(smollm2, temperature):
     """A worker process drafting with SmolLM2 itself (fp32): outputs equal plain decoding up to near-ties."""
