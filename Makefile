@@ -189,7 +189,8 @@ DRAFTER_FEATURE_DATA_V5 := runs/drafters/feature-v5-data
 drafter-feature: $(DRAFTER_FEATURE)/.complete ## train the 1.5B target's feature-level drafter (~190 min; skipped when present)
 
 # $(call feature_rollouts,DIR,PROMPTS PER TASK,SEED,DTYPE,ROWS,EXTRA --set ...): the 1.5B's rollouts of chain_sum and
-# basic_arithmetic prompts, 2 samples each, into DIR/rollouts.jsonl
+# basic_arithmetic prompts, 2 samples each, into DIR/rollouts.jsonl. An interrupted one resumes where it stopped
+# (its finished samples are in DIR/rollouts.jsonl.partial.journal; `specactor rollout` rolls out only the rest).
 define feature_rollouts
 	$(BIN)/specactor models pull qwen2.5-coder-1.5b-instruct --dtype $(4)
 	mkdir -p $(1)

@@ -11,6 +11,7 @@ The draft length comes from the run spec (`--num-draft-tokens`, or K of `NAME@K`
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any, Literal, Sequence
 
@@ -203,6 +204,10 @@ class EngineSystem(System):
             self.engine.warm_up(requests[:1], sampling.model_copy(update={"n": 1, "max_new_tokens": 8}))
             return
         self.engine.prepare_length_policy(requests, sampling)
+        policy = self.engine.length_policy
+        if policy is not None:  # what the warm-up left that the forgetting below keeps (read in the run's .log)
+            print(f"after the warm-up: draft models in use {sorted(policy.models_in_use)}, held {sorted(policy.held)}",
+                  file=sys.stderr, flush=True)
         # the warm-up's 8 tokens of one row are not the trace's acceptance (a fresh engine starts from the prior)
         self.engine.forget_acceptance()
         self.engine.reserve(requests, sampling)
