@@ -178,7 +178,10 @@ $(DRAFTER_SMOLLM2)/.complete: $(DRAFTER_DATA)/rollouts.jsonl | $(STAMP)
 # 0.854 / 0.765 / 0.707). v5 (session 38) resumes v4 for 400 more steps of training-time test on the data with 512
 # more bf16 samples appended (seed 3000): rollouts 19.5 min, the new samples' features 17.8 min (v4's cache serves
 # the first 640), 400 steps 27.7 min (4.15 s), held-out scoring over 116 samples 7 min: ~75 min more, ~190 in all.
-# Held out (the 116 include v4's 64): top-1 0.882, acceptance 0.867 / 0.799 / 0.751.
+# Held out (the 116 include v4's 64): top-1 0.882, acceptance 0.867 / 0.799 / 0.751. Session 43 (the fp32 rollouts
+# done in session 42): bf16 rollouts 20.5 min, features 12.6 min, v2's steps 11.4 min (0.86 s a step), v3's 4.3, v4's
+# 11.9 (2.4 s), held-out scoring 3.1-3.7 min a stage: 72.5 min for v4 after the fp32 rollouts; held out v4 top-1
+# 0.865, acceptance 0.850 / 0.754 / 0.692 (its bf16 rollouts are this session's kernels' tokens, not session 37's).
 DRAFTER_FEATURE_V2 := runs/drafters/qwen1.5b-feature-v2
 DRAFTER_FEATURE_V3 := runs/drafters/qwen1.5b-feature-v3
 DRAFTER_FEATURE_V4 := runs/drafters/qwen1.5b-feature-v4
