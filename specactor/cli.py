@@ -228,38 +228,38 @@ def _generate(cfg: SpecActorConfig, requests: list[Request], journal: RolloutJou
     from specactor_engine.engine import Engine
     from specactor_engine.model.registry import ModelNotPulledError, UnknownModelError
 
+    n = cfg.sampling.n
+    total = len(requests) * n
     if cfg.rollout.replicas > 1:
         from specactor_engine.replicas.pool import ReplicaPool
 
         with user_errors(UnknownModelError, ModelNotPulledError, ValueError):
             pool = ReplicaPool.from_config(cfg)
         # a pool rolls out whole groups: a group with any sample missing goes again (the journal keeps one copy)
-        n = cfg.sampling.n
         todo = [r for r in requests if any((r.request_id, j) not in journal.done for j in range(n))]
         with pool:  # the replicas' actors end with the rollout
-            return _generate_with(pool, cfg, todo, (len(requests) - len(todo)) * n, on_output=journal.append)
+            return _generate_with(pool, cfg, todo, total - len(todo) * n, total, on_output=journal.append)
     with user_errors(UnknownModelError, ModelNotPulledError, ValueError):
         engine = Engine.from_config(cfg)
-    return _generate_with(engine, cfg, requests, len(journal.done), skip=set(journal.done),
+    return _generate_with(engine, cfg, requests, len(journal.done), total, skip=set(journal.done),
                           on_output=journal.append)
 
 
 def _generate_with(engine: Engine | ReplicaPool, cfg: SpecActorConfig, requests: list[Request], ahead: int,
-                   **kwargs: Any) -> RolloutResult:
-    """One rollout with a progress bar on a terminal, else a line at every tenth of the sequences; `ahead`
-    samples were finished before it (a resumed run), and count in the progress shown."""
+                   total: int, **kwargs: Any) -> RolloutResult:
+    """One rollout with a progress bar on a terminal, else a line at every tenth of the sequences; `ahead` of the
+    rollout's `total` samples were finished before it (a resumed run), and count in the progress shown."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     err = Console(stderr=True)
-    total = len(requests) * cfg.sampling.n - len(kwargs.get("skip", ())) + ahead
     if not err.is_terminal:  # a log file or a pipe (make, CI): a line at every tenth of the sequences
         show = _LineProgress(err)
         show(ahead, total)  # a resumed run says where it starts
-        return engine.generate(requests, cfg.sampling, lambda done, total: show(done + ahead, total + ahead), **kwargs)
+        return engine.generate(requests, cfg.sampling, lambda done, _: show(done + ahead, total), **kwargs)
     columns = (TextColumn("rollout"), BarColumn(), MofNCompleteColumn(), TextColumn("sequences"), TimeElapsedColumn())
     with Progress(*columns, console=err, transient=True) as bar:
         task = bar.add_task("rollout", total=total, completed=ahead)
-        return engine.generate(requests, cfg.sampling, lambda done, total: bar.update(task, completed=done + ahead),
+        return engine.generate(requests, cfg.sampling, lambda done, _: bar.update(task, completed=done + ahead),
                                **kwargs)
 
 

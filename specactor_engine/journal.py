@@ -8,8 +8,8 @@ keyed by (seed, request id, sample index, position) and do not depend on which o
 (docs/architecture.md 4.1), so the resumed samples are the ones an uninterrupted run would have written. The
 output file is written when every sample is in; the journal is then removed.
 
-A run killed mid-write leaves at most a torn last line, which is dropped (and cut off the file) on resume; a
-journal of another config or prompt file is refused with a `JournalError` rather than mixed in.
+A run killed mid-write leaves at most a torn last line, which is dropped (and cut off the file) on resume (a torn
+header: the journal starts over, it held no sample); a journal of another config or prompt file is refused with a `JournalError` rather than mixed in.
 """
 
 from __future__ import annotations
@@ -61,8 +61,9 @@ class RolloutJournal:
         restart: discard an existing journal instead of resuming it."""
         path = Path(path)
         done: dict[SampleKey, dict[str, Any]] = {}
-        if path.exists() and not restart:
-            done, good_bytes = _read(path, fingerprint)
+        found = _read(path, fingerprint) if path.exists() and not restart else None
+        if found is not None:
+            done, good_bytes = found
             handle = path.open("r+", encoding="utf-8")
             handle.truncate(good_bytes)  # a torn last line goes
             handle.seek(good_bytes)
@@ -104,14 +105,15 @@ def _sync(handle: IO[str]) -> None:
     os.fsync(handle.fileno())
 
 
-def _read(path: Path, fingerprint: str) -> tuple[dict[SampleKey, dict[str, Any]], int]:
-    """The journal's samples and the byte length of its whole lines (a torn last line is not counted)."""
+def _read(path: Path, fingerprint: str) -> tuple[dict[SampleKey, dict[str, Any]], int] | None:
+    """The journal's samples and the byte length of its whole lines (a torn last line is not counted); None
+    without a whole header line (killed as it was created: nothing to resume)."""
     data = path.read_bytes()
     lines = data.split(b"\n")
     torn = lines.pop()  # after the last newline: empty, or a line cut by a kill
-    good_bytes = len(data) - len(torn)
     if not lines:
-        raise JournalError(f"{path}: not a rollout journal (no header line); remove it to start over")
+        return None
+    good_bytes = len(data) - len(torn)
     try:
         header = json.loads(lines[0])
     except (json.JSONDecodeError, UnicodeDecodeError):

@@ -52,6 +52,15 @@ def test_a_torn_last_line_is_dropped_and_cut_off_before_appending(tmp_path):
     assert [json.loads(line).get("sample") for line in lines[1:]] == [0, 2]
 
 
+def test_a_journal_killed_before_its_header_was_whole_starts_over(tmp_path):
+    path = tmp_path / "out.journal"
+    path.write_bytes(b'{"format": "specactor-rollout')
+    with RolloutJournal.open(path, "f1") as journal:
+        assert journal.done == {}
+        journal.append(output("a", 0))
+    assert set(RolloutJournal.open(path, "f1").done) == {("a", 0)}
+
+
 def test_another_rollout_s_journal_is_refused_unless_restarted(tmp_path):
     path = tmp_path / "out.journal"
     with RolloutJournal.open(path, "f1") as journal:
