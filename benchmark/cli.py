@@ -82,6 +82,10 @@ def bench(
     feature_drafter: Annotated[Path | None, typer.Option(
         "--feature-drafter", help="A trained feature-level drafter of the target (`make drafter-feature`): "
         "`coupled-feature` drafts with it alone, and `specactor` adds it to its methods.")] = None,
+    paired: Annotated[bool, typer.Option(
+        "--paired", help="Load every system into one process per repeat and let them take turns round by round, so "
+        "each meets the same memory state; a system's makespan is the sum of its own turns (engine systems only; "
+        "docs/benchmarking.md).")] = False,
     report_only: Annotated[bool, typer.Option(
         "--report-only", help="Run nothing: rebuild results.json, results.md and the plots of --out from its runs/ "
         "(after a change to the report).")] = False,
@@ -116,11 +120,13 @@ def bench(
                      max_load=wait_load, profile=tuple(s for s in profile.split(",") if s),
                      oracle_passes=oracle_passes, slow_systems=tuple(s for s in slow_systems.split(",") if s),
                      slow_repeats=slow_repeats, feature_drafter=str(feature_drafter) if feature_drafter else None,
-                     replicas=replicas)
+                     replicas=replicas, paired=paired)
     try:
-        plan.run_order()
+        problem = plan.paired_problem()
     except ValueError as exc:
         _fail(str(exc))
+    if problem is not None:
+        _fail(problem)
     results = run_bench(plan, command=command_line())
     typer.echo((out / "results.md").read_text(encoding="utf-8"))
     if any(entry.get("error") for entry in results["systems"].values()):

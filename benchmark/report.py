@@ -67,6 +67,7 @@ def render_markdown(results: dict[str, Any]) -> str:
         "other processes used during the timed run (0% = quiet; 50% = one of the two cores was taken); memory GB/s: "
         "the machine's memory read bandwidth at the start and end of each timed run (a few-row decode step follows it; "
         "on shared machines it moves by tens of percent over tens of seconds).",
+        *_paired_note(settings),
         "",
         "| " + " | ".join(COLUMNS) + " |",
         "|" + "---|" * len(COLUMNS),
@@ -78,6 +79,15 @@ def render_markdown(results: dict[str, Any]) -> str:
     lines += _notes(systems, greedy=trace["temperature"] == 0)
     lines += [f"- `{name}` not run: {why}" for name, why in (results.get("skipped") or {}).items()]
     return "\n".join(lines) + "\n"
+
+
+def _paired_note(settings: dict[str, Any]) -> list[str]:
+    """What a paired run's figures mean (benchmark/paired.py)."""
+    if not settings.get("paired"):
+        return []
+    return ["", "**Paired run**: in each repeat the systems ran in one process and took turns round by round, so "
+            "each met the same memory states; a makespan is the sum of the system's own turns, finish times are "
+            "read on that clock, and the load, CPU and memory figures are the repeat's, shared by its systems."]
 
 
 def _per_repeat(systems: dict[str, Any]) -> list[str]:

@@ -26,6 +26,7 @@ from typing import Any
 
 from benchmark.machine import REPO_ROOT, machine_info, wait_for_quiet
 from benchmark.metrics import compare_to_reference
+from benchmark.paired import check_pairable, run_paired_worker, turn_order
 from benchmark.plots import write_plots
 from benchmark.report import render_markdown
 from benchmark.systems import SYSTEMS, RunSpec, system_unavailable, write_references
@@ -42,7 +43,11 @@ MAX_LISTED_MISMATCHES = 50
 
 def parse_system(name: str) -> tuple[str, int | None]:
     """`coupled@2` -> ("coupled", 2): a system at another draft length than the plan's (the best fixed k
-    of a baseline is found by running it at several); a plain name -> (name, None)."""
+    of a baseline is found by running it at several); a plain name -> (name, None). A `#N` suffix names another
+    copy of the same system (`ar,ar#2`: the A/A check of the harness) and is dropped here."""
+    name, copy, number = name.partition("#")
+    if copy and not number.isdigit():
+        raise ValueError(f"system {name}#{number}: expected NAME#N with N a number (another copy of NAME)")
     base, at, k = name.partition("@")
     if not at:
         return name, None
@@ -72,6 +77,7 @@ class BenchPlan:
     slow_repeats: int = 1
     feature_drafter: str | None = None  # a trained feature-level drafter's directory
     replicas: int = 1  # engine systems as this many rollout replicas sharing `threads`
+    paired: bool = False  # the systems of a repeat take turns round by round in one process (paired.py)
 
     def repeats_of(self, system: str) -> int:
         return min(self.slow_repeats, self.repeats) if system in self.slow_systems else self.repeats
@@ -86,6 +92,13 @@ class BenchPlan:
         if not any(SYSTEMS[base].needs_reference for base in bases):
             return tuple(dict.fromkeys(self.systems))
         return tuple(dict.fromkeys((REFERENCE_SYSTEM, *self.systems)))
+
+    def paired_problem(self) -> str | None:
+        """Why this plan cannot run paired (None: it can or is not paired); unknown systems raise ValueError."""
+        order = self.run_order()
+        if not self.paired:
+            return None
+        return check_pairable(order, [parse_system(s)[0] for s in order], self.replicas)
 
     def repeat_order(self, repeat: int) -> tuple[str, ...]:
         """The systems in the order repeat `repeat` runs them: `run_order` rotated by `repeat` places, so no system
@@ -149,7 +162,9 @@ def run_bench(plan: BenchPlan, command: str = "") -> dict[str, Any]:
     for system, why in skipped.items():
         logger.warning("skipping %s: %s", system, why)
     history = run_history(plan, runs_dir) if plan.trace.needs_history else None
-    for repeat in range(plan.repeats):
+    for repeat in range(plan.repeats if plan.paired else 0):
+        _run_paired_repeat(plan, repeat, history, runs, errors, skipped)
+    for repeat in range(0 if plan.paired else plan.repeats):
         reference: Path | None = None
         for system in plan.repeat_order(repeat):
             if system in errors or system in skipped or repeat >= plan.repeats_of(system):
@@ -179,6 +194,7 @@ def run_bench(plan: BenchPlan, command: str = "") -> dict[str, Any]:
         "settings": {"target": plan.target, "drafter": plan.drafter, "dtype": plan.dtype,
                      "max_batch_size": plan.max_batch_size, "num_draft_tokens": plan.num_draft_tokens,
                      "threads": plan.threads, "replicas": plan.replicas, "repeats": plan.repeats,
+                     "paired": plan.paired,
                      "oracle_passes": plan.oracle_passes,
                      "repeats_per_system": {s: plan.repeats_of(s) for s in plan.run_order()},
                      "run_order": list(plan.run_order()),
@@ -190,6 +206,34 @@ def run_bench(plan: BenchPlan, command: str = "") -> dict[str, Any]:
     (plan.out / "results.md").write_text(render_markdown(results), encoding="utf-8")
     write_plots(plan.out, results)
     return results
+
+
+def _run_paired_repeat(plan: BenchPlan, repeat: int, history: Path | None, runs: dict[str, list[dict[str, Any]]],
+                       errors: dict[str, str], skipped: dict[str, str]) -> None:
+    """One repeat of a paired plan (paired.py): every system that has not failed, taking turns in one process;
+    each system's figures go to runs/<system>-<repeat>.json as a run of its own would."""
+    runs_dir = plan.out / "runs"
+    order = turn_order([s for s in plan.run_order() if s not in errors and s not in skipped], repeat)
+    if len(order) < 2:
+        return
+    try:
+        results = run_paired_worker([(system, plan.spec(system, None, history)) for system in order],
+                                    runs_dir / f"paired-{repeat}.json")
+    except RuntimeError as exc:
+        logger.error("%s", exc)
+        errors.update({system: str(exc) for system in order})
+        return
+    for system in order:
+        result = results[system]
+        if "error" in result:
+            logger.error("%s failed: %s", system, result["error"])
+            errors[system] = result["error"]
+            continue
+        _write_json(runs_dir / f"{system}-{repeat}.json", result)
+        runs[system].append(result)
+        logger.info("repeat %d %-8s %7.1f s (own turns: %d)  %6.1f tok/s  accept len %.2f  memory %.0f GB/s", repeat,
+                    system, result["makespan_s"], result["paired"]["turns"], result["tokens_per_s"],
+                    result["mean_accept_len"], result["mem_read_gbps"])
 
 
 def run_history(plan: BenchPlan, runs_dir: Path) -> Path:

@@ -1,0 +1,146 @@
+"""Paired runs (benchmark/paired.py): systems taking turns round by round in one process (no timing assertions:
+the turns' accounting runs on a fake clock, the end-to-end run checks outputs and bookkeeping)."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+from typer.testing import CliRunner
+
+from benchmark.cli import app
+from benchmark.paired import TurnClock, Turns, check_pairable, turn_order
+from benchmark.run import parse_system
+from tests.fixtures.tiny_models import save_tiny_model
+
+
+class FakeTime:
+    """A clock that moves only when a participant works (hand-overs take no time on it)."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _take_turns(costs: dict[str, list[float]]) -> tuple[Turns, list[str], FakeTime]:
+    """Each participant works its rounds (one cost each) in a thread of its own, passing the turn after each."""
+    fake = FakeTime()
+    turns = Turns(list(costs), now=fake)
+    log: list[str] = []
+    inside: list[str] = []  # who is working now: never two at once
+    overlaps: list[tuple[str, str]] = []
+
+    def participant(name: str) -> None:
+        turns.acquire(name)
+        for i, cost in enumerate(costs[name]):
+            if inside:
+                overlaps.append((inside[0], name))
+            inside.append(name)
+            log.append(name)
+            fake.t += cost
+            inside.remove(name)
+            if i < len(costs[name]) - 1:
+                turns.pass_turn(name)
+        turns.leave(name)
+
+    threads = [threading.Thread(target=participant, args=(name,)) for name in reversed(list(costs))]
+    for thread in threads:  # started in reverse: the order comes from the turns, not from who starts first
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=10)
+    assert not any(thread.is_alive() for thread in threads), "a participant never got its turn back"
+    assert not overlaps
+    return turns, log, fake
+
+
+def test_turns_go_round_robin_and_each_participant_is_charged_its_own_work():
+    turns, log, fake = _take_turns({"a": [1.0, 2.0, 4.0], "b": [10.0, 20.0], "c": [100.0, 200.0, 400.0, 800.0]})
+    assert log == ["a", "b", "c", "a", "b", "c", "a", "c", "c"]  # b left after two rounds, a after three
+    assert turns.busy_s == {"a": 7.0, "b": 30.0, "c": 1500.0}
+    assert turns.turns == {"a": 3, "b": 2, "c": 4}
+    assert fake.t == 1537.0 and turns.holder is None
+
+
+def test_passing_a_turn_one_does_not_hold_is_refused():
+    turns = Turns(["a", "b"])
+    with pytest.raises(RuntimeError, match="does not hold"):
+        turns.pass_turn("b")
+    with pytest.raises(ValueError, match="distinct"):
+        Turns(["a", "a"])
+
+
+def test_a_turn_clock_marks_finishes_on_its_own_seconds_and_passes_the_turn_each_round():
+    fake = FakeTime()
+    turns = Turns(["solo"], now=fake)
+    clock = TurnClock(turns, "solo")
+    turns.acquire("solo")
+    assert clock.start() == 0.0
+    fake.t = 3.0
+    clock.progress(0, 2)
+    fake.t = 5.0
+    clock.progress(2, 2)  # both finished in the second round
+    assert clock.times == [5.0, 5.0] and clock.round_ends == [3.0, 5.0] and turns.turns["solo"] == 2
+
+
+def test_turn_order_rotates_with_the_repeat():
+    assert [turn_order(["a", "b", "c"], r) for r in range(4)] == [
+        ["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]
+
+
+@pytest.mark.parametrize("systems, replicas, why", [
+    (["ar"], 1, "at least two"),
+    (["ar", "vllm"], 1, "engine systems only"),
+    (["ar", "oracle"], 1, "outside the engine"),
+    (["ar", "decoupled"], 1, "outside the engine"),
+    (["ar", "specactor"], 2, "--replicas 1"),
+])
+def test_systems_that_cannot_take_turns_are_refused_with_the_reason(systems, replicas, why):
+    assert why in check_pairable(systems, [parse_system(s)[0] for s in systems], replicas)
+
+
+def test_engine_systems_copies_and_draft_lengths_can_take_turns():
+    systems = ["ar", "ar#2", "specactor", "coupled@2"]
+    assert [parse_system(s) for s in systems] == [("ar", None), ("ar", None), ("specactor", None), ("coupled", 2)]
+    assert check_pairable(systems, [parse_system(s)[0] for s in systems], 1) is None
+    with pytest.raises(ValueError, match="NAME#N"):
+        parse_system("ar#x")
+
+
+def test_cli_refuses_a_paired_plan_it_cannot_run(tmp_path):
+    result = CliRunner().invoke(app, ["--trace", "quick", "--systems", "ar,vllm", "--paired", "--out", str(tmp_path)])
+    assert result.exit_code == 2 and "engine systems only" in result.output
+
+
+def test_a_paired_run_gives_each_system_its_own_turns_and_the_same_tokens(tmp_path):
+    target = save_tiny_model(tmp_path / "target", "llama", seed=0)
+    drafter = save_tiny_model(tmp_path / "drafter", "llama", seed=0, num_layers=1)
+    out = tmp_path / "out"
+    systems = ["ar", "specactor", "coupled", "ar#2"]
+    result = CliRunner().invoke(app, [
+        "--trace", "quick", "--model", f"{target}:{drafter}", "--systems", ",".join(systems), "--paired",
+        "--repeats", "2", "--prompts", "2", "--samples", "2", "--max-new-tokens", "8", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    results = json.loads((out / "results.json").read_text())
+    assert results["settings"]["paired"] is True
+    assert "Paired run" in (out / "results.md").read_text()
+    assert set(results["systems"]) == set(systems)
+    for name in systems:
+        entry = results["systems"][name]
+        assert "error" not in entry and entry["repeats"] == 2, name
+        assert entry["identical_to_ar"] == [1.0, 1.0], name
+    for repeat, order in enumerate([systems, systems[1:] + systems[:1]]):
+        spec = json.loads((out / "runs" / f"paired-{repeat}.spec.json").read_text())
+        assert [label for label, _ in spec] == order  # one process per repeat, the turn order rotated
+        for name in systems:
+            run = json.loads((out / "runs" / f"{name}-{repeat}.json").read_text())
+            assert run["paired"]["systems"] == order
+            stats = run["engine_stats"]
+            timeline = [entry["t"] for entry in stats["timeline"]]
+            # the run's own seconds: the round ends rise to at most its makespan, well inside the repeat's wall time
+            assert timeline == sorted(timeline) and timeline[-1] <= run["makespan_s"] == stats["total_s"]
+            assert run["makespan_s"] < run["paired"]["wall_s"]
+            assert run["paired"]["turns"] >= len(timeline)
+            assert max(run["finish_times_s"]) <= run["makespan_s"]
