@@ -137,6 +137,7 @@ def test_a_paired_run_gives_each_system_its_own_turns_and_the_same_tokens(tmp_pa
         for name in systems:
             run = json.loads((out / "runs" / f"{name}-{repeat}.json").read_text())
             assert run["paired"]["systems"] == order
+            assert run["paired"]["external_cpu_s"] >= 0.0  # `specactor`'s drafter worker, outside the turns
             stats = run["engine_stats"]
             timeline = [entry["t"] for entry in stats["timeline"]]
             # the run's own seconds: the round ends rise to at most its makespan, well inside the repeat's wall time
