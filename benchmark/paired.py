@@ -122,6 +122,22 @@ class TurnClock(FinishClock):
         self.turns.pass_turn(self.name)
 
 
+class GcTimer:
+    """A `gc.callbacks` entry: seconds spent in garbage collections, by the thread that triggered them."""
+
+    def __init__(self) -> None:
+        self.by_thread: dict[str, float] = {}
+        self._started: float | None = None
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        elif self._started is not None:
+            name = threading.current_thread().name
+            self.by_thread[name] = self.by_thread.get(name, 0.0) + time.perf_counter() - self._started
+            self._started = None
+
+
 def check_pairable(systems: Sequence[str], bases: Sequence[str], replicas: int) -> str | None:
     """Why these systems (as named, and their registry names: `coupled@2` -> `coupled`) cannot run paired (None:
     they can)."""
@@ -169,6 +185,10 @@ def run_paired_once(labelled: Sequence[tuple[str, Any]]) -> dict[str, dict[str, 
         print(f"{label}: loaded in {load_s:.1f} s, warm-up {warmup_s:.1f} s, prepare {prepare_s:.1f} s",
               file=sys.stderr, flush=True)
     gc.collect()
+    # every system's objects live in this process: a garbage collection walks them all and is charged to whichever
+    # system's turn triggered it; frozen, the collections of the timed run walk only what the rollouts allocate
+    gc.freeze()
+    gc_seconds = GcTimer()
     turns = Turns([label for label, _ in labelled])
     clocks = {label: TurnClock(turns, label) for label, _ in labelled}
     outcome: dict[str, Any] = {}
@@ -186,6 +206,7 @@ def run_paired_once(labelled: Sequence[tuple[str, Any]]) -> dict[str, dict[str, 
         finally:
             turns.leave(label)
 
+    gc.callbacks.append(gc_seconds)
     bandwidth_start = read_bandwidth_gbps()
     # drafter workers are processes of their own: what they compute falls outside the turns (paused, they take none)
     external_before = {label: systems[label][0].external_cpu_s() for label, _ in labelled}
@@ -197,6 +218,8 @@ def run_paired_once(labelled: Sequence[tuple[str, Any]]) -> dict[str, dict[str, 
     for worker in workers:
         worker.join()
     wall_s = time.perf_counter() - started
+    gc.callbacks.remove(gc_seconds)
+    gc.unfreeze()
     external_s = {label: systems[label][0].external_cpu_s() - external_before[label] for label, _ in labelled}
     contention = _cpu_shares(busy_before, own_before, wall_s, threads, sum(external_s.values()))
     bandwidth_end = read_bandwidth_gbps()
@@ -221,7 +244,8 @@ def run_paired_once(labelled: Sequence[tuple[str, Any]]) -> dict[str, dict[str, 
             "mem_read_gbps": (bandwidth_start + bandwidth_end) / 2,
             "mem_read_gbps_start_end": [bandwidth_start, bandwidth_end],
             "paired": {"turns": turns.turns[label], "wall_s": wall_s, "systems": [lab for lab, _ in labelled],
-                       "external_cpu_s": external_s[label]},
+                       "external_cpu_s": external_s[label],
+                       "gc_s": gc_seconds.by_thread.get(f"paired-{label}", 0.0)},
         }
     return results
 

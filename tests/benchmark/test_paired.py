@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from benchmark.cli import app
-from benchmark.paired import TurnClock, Turns, check_pairable, turn_order
+from benchmark.paired import GcTimer, TurnClock, Turns, check_pairable, turn_order
 from benchmark.run import parse_system
 from tests.fixtures.tiny_models import save_tiny_model
 
@@ -85,6 +85,20 @@ def test_a_turn_clock_marks_finishes_on_its_own_seconds_and_passes_the_turn_each
     assert clock.times == [5.0, 5.0] and clock.round_ends == [3.0, 5.0] and turns.turns["solo"] == 2
 
 
+def test_collections_are_charged_to_the_thread_that_ran_them():
+    import gc
+
+    timer = GcTimer()
+    gc.callbacks.append(timer)
+    try:
+        worker = threading.Thread(target=gc.collect, name="paired-x")
+        worker.start()
+        worker.join()
+    finally:
+        gc.callbacks.remove(timer)
+    assert set(timer.by_thread) == {"paired-x"} and timer.by_thread["paired-x"] > 0.0
+
+
 def test_turn_order_rotates_with_the_repeat():
     assert [turn_order(["a", "b", "c"], r) for r in range(4)] == [
         ["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]
@@ -138,6 +152,7 @@ def test_a_paired_run_gives_each_system_its_own_turns_and_the_same_tokens(tmp_pa
             run = json.loads((out / "runs" / f"{name}-{repeat}.json").read_text())
             assert run["paired"]["systems"] == order
             assert run["paired"]["external_cpu_s"] >= 0.0  # `specactor`'s drafter worker, outside the turns
+            assert 0.0 <= run["paired"]["gc_s"] < run["makespan_s"]  # collections its own turns triggered
             stats = run["engine_stats"]
             timeline = [entry["t"] for entry in stats["timeline"]]
             # the run's own seconds: the round ends rise to at most its makespan, well inside the repeat's wall time
