@@ -23,6 +23,8 @@ turn order rotates with the repeat. Engine systems only: vLLM runs in a process 
 rows are not engine rounds, and drafter workers or replicas compute outside the turns. `specactor`'s drafter worker
 (traces with a draft model) is allowed: on 2 cores dynamic decoupling keeps it paused, and each run records the CPU
 its workers used during the turns (`paired.external_cpu_s`; a warning in the .log past 1% of the makespan).
+Each run also records the page faults of its turns (`paired.page_faults`): on traces B and C the system in the first
+place took ~6x the others' minor faults and ran up to 3% slower (bench/session45), hence the rotation.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import gc
 import json
 import logging
 import os
+import resource
 import subprocess
 import sys
 import threading
@@ -48,10 +51,12 @@ class Turns:
 
     A participant `acquire`s before its first round, `pass_turn`s after each round (the next participant in the
     order that is still running gets the turn; it waits for its own again) and `leave`s when it has finished. The
-    time between a participant's acquiring and passing is its own (`busy_s`); hand-overs are nobody's.
+    time between a participant's acquiring and passing is its own (`busy_s`); hand-overs are nobody's. So are the
+    process's page faults in that time (`faults`, from `counters`): one participant computes at a time.
     """
 
-    def __init__(self, order: Sequence[str], now: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(self, order: Sequence[str], now: Callable[[], float] = time.perf_counter,
+                 counters: Callable[[], dict[str, int]] | None = None) -> None:
         if not order or len(set(order)) != len(order):
             raise ValueError(f"turns need distinct participants, got {list(order)}")
         self._cond = threading.Condition()
@@ -59,8 +64,11 @@ class Turns:
         self._holder: str | None = order[0]
         self._now = now
         self._since = 0.0
+        self._counters = counters or page_faults
+        self._counted_since: dict[str, int] = {}
         self.busy_s = {name: 0.0 for name in order}
         self.turns = {name: 0 for name in order}
+        self.faults: dict[str, dict[str, int]] = {name: {} for name in order}
 
     @property
     def holder(self) -> str | None:
@@ -71,6 +79,7 @@ class Turns:
         with self._cond:
             self._cond.wait_for(lambda: self._holder == name)
             self._since = self._now()
+            self._counted_since = self._counters()
 
     def pass_turn(self, name: str) -> None:
         """End `name`'s turn and wait for its next one."""
@@ -92,6 +101,9 @@ class Turns:
                 raise RuntimeError(f"{name} passed a turn it does not hold (holder: {self._holder})")
             self.busy_s[name] += self._now() - self._since
             self.turns[name] += 1
+            own = self.faults[name]
+            for key, count in self._counters().items():
+                own[key] = own.get(key, 0) + count - self._counted_since.get(key, count)
             position = self._running.index(name)
             if leaving:
                 self._running.remove(name)
@@ -99,6 +111,13 @@ class Turns:
             else:
                 self._holder = self._running[(position + 1) % len(self._running)]
             self._cond.notify_all()
+
+
+def page_faults() -> dict[str, int]:
+    """This process's page faults so far: major ones read a page back from disk (a file-backed page, the memory-
+    mapped weights among them, that the kernel dropped under memory pressure), minor ones map a page in memory."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return {"major": usage.ru_majflt, "minor": usage.ru_minflt}
 
 
 class TurnClock(FinishClock):
@@ -245,7 +264,8 @@ def run_paired_once(labelled: Sequence[tuple[str, Any]]) -> dict[str, dict[str, 
             "mem_read_gbps_start_end": [bandwidth_start, bandwidth_end],
             "paired": {"turns": turns.turns[label], "wall_s": wall_s, "systems": [lab for lab, _ in labelled],
                        "external_cpu_s": external_s[label],
-                       "gc_s": gc_seconds.by_thread.get(f"paired-{label}", 0.0)},
+                       "gc_s": gc_seconds.by_thread.get(f"paired-{label}", 0.0),
+                       "page_faults": turns.faults[label]},
         }
     return results
 
@@ -265,8 +285,9 @@ def _virtual_timeline(stats: dict[str, Any] | None, round_ends: list[float], mak
 
 
 def turn_order(systems: Sequence[str], repeat: int) -> list[str]:
-    """The systems' turn order in repeat `repeat`: rotated by `repeat` places, so none always goes first."""
-    shift = repeat % len(systems)
+    """The systems' turn order in repeat `repeat`: rotated by `repeat` places, so none always goes first (none left,
+    after the others failed: an empty order)."""
+    shift = repeat % len(systems) if systems else 0
     return [*systems[shift:], *systems[:shift]]
 
 

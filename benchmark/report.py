@@ -67,7 +67,7 @@ def render_markdown(results: dict[str, Any]) -> str:
         "other processes used during the timed run (0% = quiet; 50% = one of the two cores was taken); memory GB/s: "
         "the machine's memory read bandwidth at the start and end of each timed run (a few-row decode step follows it; "
         "on shared machines it moves by tens of percent over tens of seconds).",
-        *_paired_note(settings),
+        *_paired_note(settings, systems),
         "",
         "| " + " | ".join(COLUMNS) + " |",
         "|" + "---|" * len(COLUMNS),
@@ -81,13 +81,30 @@ def render_markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _paired_note(settings: dict[str, Any]) -> list[str]:
-    """What a paired run's figures mean (benchmark/paired.py)."""
+def _paired_note(settings: dict[str, Any], systems: dict[str, Any]) -> list[str]:
+    """What a paired run's figures mean (benchmark/paired.py), and what each system's own turns held."""
     if not settings.get("paired"):
         return []
-    return ["", "**Paired run**: in each repeat the systems ran in one process and took turns round by round, so "
-            "each met the same memory states; a makespan is the sum of the system's own turns, finish times are "
-            "read on that clock, and the load, CPU and memory figures are the repeat's, shared by its systems."]
+    lines = ["", "**Paired run**: in each repeat the systems ran in one process and took turns round by round, so "
+             "each met the same memory states; a makespan is the sum of the system's own turns, finish times are "
+             "read on that clock, and the load, CPU and memory figures are the repeat's, shared by its systems."]
+    rows = []
+    for name, entry in systems.items():
+        for repeat, held in enumerate(entry.get("paired") or []):
+            if held:
+                faults = held.get("page_faults") or {}
+                order = held.get("systems") or []
+                place = order.index(name) + 1 if name in order else "-"
+                rows.append(f"| `{name}` | {repeat} | {place} | {held.get('turns', '-')} | {held.get('gc_s', 0.0):.3f} | "
+                            f"{faults.get('major', '-')} / {faults.get('minor', '-')} | "
+                            f"{held.get('external_cpu_s', 0.0):.1f} |")
+    if rows:
+        lines += ["", "Own turns per repeat: the system's place in the turn order (1: loaded first, first to run), "
+                  "garbage-collection seconds, the process's page faults (major: read back from disk) and the CPU of "
+                  "the system's drafter workers meanwhile.", "",
+                  "| system | repeat | place | turns | gc s | page faults major / minor | workers' CPU s |",
+                  "|---|---|---|---|---|---|---|", *rows]
+    return lines
 
 
 def _per_repeat(systems: dict[str, Any]) -> list[str]:

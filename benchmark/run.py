@@ -38,6 +38,7 @@ REFERENCE_SYSTEM = "ar"
 PER_RUN_FIGURES = ("makespan_s", "tokens_per_s", "output_tokens", "tail_s", "tail_share", "mean_accept_len",
                    "acceptance_rate", "peak_rss_mb", "load_s", "warmup_s", "prepare_s", "loadavg_1m_start", "cpu_share",
                    "others_cpu_share", "mem_read_gbps")
+PAIRED_FIGURES = ("systems", "turns", "external_cpu_s", "gc_s", "page_faults")
 MAX_LISTED_MISMATCHES = 50
 
 
@@ -262,6 +263,9 @@ def aggregate(runs: dict[str, list[dict[str, Any]]], errors: dict[str, str]) -> 
         entry["time_split"] = [time_split(r.get("engine_stats")) for r in results]
         entry["drafter_use"] = [drafter_use(r.get("engine_stats")) for r in results]
         entry["finish_reasons"] = _finish_reasons(results[0]) if results else {}
+        if any("paired" in r for r in results):  # what each paired run's own turns held (paired.py)
+            entry["paired"] = [{key: value for key, value in (r.get("paired") or {}).items()
+                                if key in PAIRED_FIGURES} for r in results]
         if results and (results[0].get("engine_stats") or {}).get("vllm_version"):
             entry["vllm_version"] = results[0]["engine_stats"]["vllm_version"]
         if system in errors:

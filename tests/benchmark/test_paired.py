@@ -28,7 +28,7 @@ class FakeTime:
 def _take_turns(costs: dict[str, list[float]]) -> tuple[Turns, list[str], FakeTime]:
     """Each participant works its rounds (one cost each) in a thread of its own, passing the turn after each."""
     fake = FakeTime()
-    turns = Turns(list(costs), now=fake)
+    turns = Turns(list(costs), now=fake, counters=lambda: {"major": int(fake.t), "minor": int(fake.t) * 2})
     log: list[str] = []
     inside: list[str] = []  # who is working now: never two at once
     overlaps: list[tuple[str, str]] = []
@@ -61,6 +61,9 @@ def test_turns_go_round_robin_and_each_participant_is_charged_its_own_work():
     assert log == ["a", "b", "c", "a", "b", "c", "a", "c", "c"]  # b left after two rounds, a after three
     assert turns.busy_s == {"a": 7.0, "b": 30.0, "c": 1500.0}
     assert turns.turns == {"a": 3, "b": 2, "c": 4}
+    # the process's page faults are charged like its seconds, to whoever held the turn
+    assert turns.faults == {"a": {"major": 7, "minor": 14}, "b": {"major": 30, "minor": 60},
+                            "c": {"major": 1500, "minor": 3000}}
     assert fake.t == 1537.0 and turns.holder is None
 
 
@@ -102,6 +105,7 @@ def test_collections_are_charged_to_the_thread_that_ran_them():
 def test_turn_order_rotates_with_the_repeat():
     assert [turn_order(["a", "b", "c"], r) for r in range(4)] == [
         ["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]
+    assert turn_order([], 1) == []  # every system failed in an earlier repeat: the later ones are skipped
 
 
 @pytest.mark.parametrize("systems, replicas, why", [
@@ -139,12 +143,14 @@ def test_a_paired_run_gives_each_system_its_own_turns_and_the_same_tokens(tmp_pa
     assert result.exit_code == 0, result.output
     results = json.loads((out / "results.json").read_text())
     assert results["settings"]["paired"] is True
-    assert "Paired run" in (out / "results.md").read_text()
+    report = (out / "results.md").read_text()
+    assert "Paired run" in report and "page faults major / minor" in report
     assert set(results["systems"]) == set(systems)
     for name in systems:
         entry = results["systems"][name]
         assert "error" not in entry and entry["repeats"] == 2, name
         assert entry["identical_to_ar"] == [1.0, 1.0], name
+        assert [held["turns"] > 0 for held in entry["paired"]] == [True, True], name  # kept in results.json
     for repeat, order in enumerate([systems, systems[1:] + systems[:1]]):
         spec = json.loads((out / "runs" / f"paired-{repeat}.spec.json").read_text())
         assert [label for label, _ in spec] == order  # one process per repeat, the turn order rotated
@@ -153,6 +159,7 @@ def test_a_paired_run_gives_each_system_its_own_turns_and_the_same_tokens(tmp_pa
             assert run["paired"]["systems"] == order
             assert run["paired"]["external_cpu_s"] >= 0.0  # `specactor`'s drafter worker, outside the turns
             assert 0.0 <= run["paired"]["gc_s"] < run["makespan_s"]  # collections its own turns triggered
+            assert run["paired"]["page_faults"]["minor"] > 0  # its rollout maps fresh pages (its KV cache at least)
             stats = run["engine_stats"]
             timeline = [entry["t"] for entry in stats["timeline"]]
             # the run's own seconds: the round ends rise to at most its makespan, well inside the repeat's wall time
