@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import statistics
 from typing import Any, Sequence
 
 from benchmark.metrics import spread
@@ -75,6 +76,7 @@ def render_markdown(results: dict[str, Any]) -> str:
     lines += ["| " + " | ".join(system_row(name, entry, reference)) + " |" for name, entry in systems.items()]
     lines += _per_repeat(systems)
     lines += _time_split(results)
+    lines += _batch_phases(results)
     lines += _drafter_use(results)
     lines += _notes(systems, greedy=trace["temperature"] == 0)
     lines += [f"- `{name}` not run: {why}" for name, why in (results.get("skipped") or {}).items()]
@@ -148,6 +150,33 @@ def _time_split(results: dict[str, Any]) -> list[str]:
             "time (decoupled, concurrent with the verifier: the verifier never waits for it).", "",
             "| system | engine s | prefill | drafting | verify forward | host | rounds | mean k | worker busy |",
             "|---|---|---|---|---|---|---|---|---|", *rows]
+
+
+def _batch_phases(results: dict[str, Any]) -> list[str]:
+    """Each engine system's seconds and rounds by the rows in its batch (run.batch_phases), medians over repeats,
+    beside `ar`'s: where a system gains or loses as its batch drains."""
+    columns: list[str] = []
+    table: dict[str, dict[str, tuple[float, float]]] = {}
+    for name, entry in results["systems"].items():
+        runs = [phases for phases in entry.get("batch_phases") or [] if phases]
+        if not runs:
+            continue
+        for phase in runs[0]:
+            if phase["rows"] not in columns:
+                columns.append(phase["rows"])
+        table[name] = {}
+        for label in columns:
+            found = [p for phases in runs for p in phases if p["rows"] == label]
+            if found:
+                table[name][label] = (statistics.median(p["seconds"] for p in found),
+                                      statistics.median(p["rounds"] for p in found))
+    if not table:
+        return []
+    rows = [f"| `{name}` | " + " | ".join(f"{cells[c][0]:.1f} ({cells[c][1]:.0f})" if c in cells else "-"
+                                           for c in columns) + " |" for name, cells in table.items()]
+    return ["", "By batch size (medians over repeats): seconds (rounds) the engine spent with that many rows in its "
+            "batch; the first column includes the first prefill.", "",
+            "| system | " + " | ".join(f"{c} rows" for c in columns) + " |", "|---|" + "---|" * len(columns), *rows]
 
 
 def _drafter_use(results: dict[str, Any]) -> list[str]:

@@ -261,6 +261,7 @@ def aggregate(runs: dict[str, list[dict[str, Any]]], errors: dict[str, str]) -> 
             entry[figure] = [r.get(figure) for r in results]
         entry["identical_to_ar"], entry["mismatches"] = _identity(results, reference)
         entry["time_split"] = [time_split(r.get("engine_stats")) for r in results]
+        entry["batch_phases"] = [batch_phases(r.get("engine_stats")) for r in results]
         entry["drafter_use"] = [drafter_use(r.get("engine_stats")) for r in results]
         entry["finish_reasons"] = _finish_reasons(results[0]) if results else {}
         if any("paired" in r for r in results):  # what each paired run's own turns held (paired.py)
@@ -288,6 +289,34 @@ def time_split(stats: dict[str, Any] | None) -> dict[str, float] | None:
     split["worker_busy_s"] = decoupled.get("worker_busy_s")
     split["arm_rounds"] = stats.get("arm_rounds") or {}
     return split
+
+
+def batch_phases(stats: dict[str, Any] | None) -> list[dict[str, Any]] | None:
+    """An engine run's rounds grouped by the rows they ran: above 3/4 of the run's largest batch, above 3/8, above
+    1/8, and the rest. Per group: the rows it spans ("25-32"), its rounds, their seconds (each round's from the end
+    of the one before, so the first group's include the first prefill) and the tokens they emitted (a row's first
+    token comes from its prefill, in no round's count). It shows where a run spends its time as its batch drains:
+    on trace A (32 rows, 256 tokens) `ar`'s rows that run to the limit end together and it never runs under 5 rows,
+    while `specactor`'s finish out of step and it ends with rounds at 1-4 rows (bench/session45)."""
+    if not stats or not stats.get("timeline"):
+        return None
+    timeline = stats["timeline"]
+    peak = max(entry["rows"] for entry in timeline)
+    edges = [peak, 3 * peak // 4, 3 * peak // 8, peak // 8, 0]
+    phases = []
+    for high, low in zip(edges, edges[1:]):
+        if high <= low:
+            continue
+        phases.append({"rows": f"{low + 1}-{high}" if high > low + 1 else str(high), "low": low + 1, "high": high,
+                       "rounds": 0, "seconds": 0.0, "tokens": 0})
+    previous = 0.0
+    for entry in timeline:
+        phase = next(p for p in phases if p["low"] <= entry["rows"] <= p["high"])
+        phase["rounds"] += 1
+        phase["seconds"] += entry["t"] - previous
+        phase["tokens"] += entry["emitted"]
+        previous = entry["t"]
+    return [{key: value for key, value in p.items() if key not in ("low", "high")} for p in phases]
 
 
 def drafter_use(stats: dict[str, Any] | None) -> dict[str, dict[str, float]] | None:

@@ -59,8 +59,16 @@ def test_results_have_every_figure(bench_results):
         assert 0.1 < entry["mem_read_gbps"][0] < 10_000, name  # the machine's read bandwidth around the run, GB/s
     table, _, split = (out / "results.md").read_text().partition("Where the time went")
     split, _, use = split.partition("Drafter use")
+    split, _, phases = split.partition("By batch size")
     assert table.count("| `") == 7
     assert split.count("| `") == 6  # the engine systems: ar, coupled, oracle, decoupled, specactor, coupled-suffix
+    assert phases.count("| `") == 6  # the same systems, by the rows in their batch
+    for name in ("ar", "specactor"):  # the phases split the run: every round and every round's tokens once
+        entry = results["systems"][name]
+        (run_phases,) = entry["batch_phases"]
+        assert sum(p["rounds"] for p in run_phases) == entry["time_split"][0]["rounds"], name
+        # each sequence's first token comes from its prefill, not from a round
+        assert sum(p["tokens"] for p in run_phases) == entry["output_tokens"][0] - NUM_SEQUENCES, name
     # drafter use: one row per (system, method) that drafted, e.g. coupled's draft model, specactor's methods
     assert "| `coupled` |" in use and "| `specactor` | suffix |" in use and "| `ar` |" not in use
     assert (out / "trace.json").is_file()
