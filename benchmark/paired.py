@@ -24,7 +24,8 @@ rows are not engine rounds, and drafter workers or replicas compute outside the 
 (traces with a draft model) is allowed: on 2 cores dynamic decoupling keeps it paused, and each run records the CPU
 its workers used during the turns (`paired.external_cpu_s`; a warning in the .log past 1% of the makespan).
 Each run also records the page faults of its turns (`paired.page_faults`): on traces B and C the system in the first
-place took ~6x the others' minor faults and ran up to 3% slower (bench/session45), hence the rotation.
+place took ~6x the others' minor faults and ran up to 3% slower (bench/session45; cause not found): the rotation
+spreads that place over the systems.
 """
 
 from __future__ import annotations

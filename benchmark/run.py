@@ -303,20 +303,17 @@ def batch_phases(stats: dict[str, Any] | None) -> list[dict[str, Any]] | None:
     timeline = stats["timeline"]
     peak = max(entry["rows"] for entry in timeline)
     edges = [peak, 3 * peak // 4, 3 * peak // 8, peak // 8, 0]
-    phases = []
-    for high, low in zip(edges, edges[1:]):
-        if high <= low:
-            continue
-        phases.append({"rows": f"{low + 1}-{high}" if high > low + 1 else str(high), "low": low + 1, "high": high,
-                       "rounds": 0, "seconds": 0.0, "tokens": 0})
+    bands = [(low + 1, high) for high, low in zip(edges, edges[1:]) if high > low]  # rows low..high, largest first
+    phases = [{"rows": f"{low}-{high}" if high > low else str(high), "rounds": 0, "seconds": 0.0, "tokens": 0}
+              for low, high in bands]
     previous = 0.0
     for entry in timeline:
-        phase = next(p for p in phases if p["low"] <= entry["rows"] <= p["high"])
+        phase = phases[next(i for i, (low, high) in enumerate(bands) if low <= entry["rows"] <= high)]
         phase["rounds"] += 1
         phase["seconds"] += entry["t"] - previous
         phase["tokens"] += entry["emitted"]
         previous = entry["t"]
-    return [{key: value for key, value in p.items() if key not in ("low", "high")} for p in phases]
+    return phases
 
 
 def drafter_use(stats: dict[str, Any] | None) -> dict[str, dict[str, float]] | None:
