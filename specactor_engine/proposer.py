@@ -99,6 +99,8 @@ class Proposer:
         # methods whose drafting costs the critical path next to nothing: model-free drafters, streamed worker drafts
         self.free_methods = {d.name for d in self.shadow_drafters} | {WORKERS}
         self.has_costly_drafter = any(not d.model_free for d in drafters)  # an in-process draft model
+        # methods whose acceptance shadow drafts measure at every depth (the verify length's deep probes skip them)
+        self.shadowed = frozenset(d.name for d in self.shadow_drafters) if shadows is not None else frozenset()
         self.shadow_rows = shadow_rows
         self.shadow_cursor = 0  # rows drafted only for statistics take turns by slot
         self.rejection = rejection

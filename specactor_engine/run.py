@@ -361,6 +361,7 @@ class Run:
         elif policy is not None:
             # shadows keep the deep positions' statistics fresh, but only for the model-free methods
             policy.probe_deep = self.proposer.shadows is None or self.proposer.has_costly_drafter
+            policy.shadowed = self.proposer.shadowed
             # Fastest-of-N: the verify length and the rows' methods are chosen together (a draft model's
             # drafts may pay at one length and not at another, where the model-free methods' still do)
             options = self.proposer.method_options(slots, caps, workers_on=arm != SOLO)

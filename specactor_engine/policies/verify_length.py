@@ -36,7 +36,9 @@ A pure policy over statistics (no torch, no engine), so it can be unit-tested on
   assignment best at that length), so a method that fell just behind in a poor stretch is measured again.
   With `probe_deep` off (the engine scores shadow drafts, shadow.py, which keep the deep
   positions' statistics fresh without verifying them) only plain rounds are probed, and only
-  while speculating.
+  while speculating. With it on but some methods `shadowed` (the engine shadow-drafts its model-free
+  methods beside a draft model, which shadows cannot measure), a deep probe runs only for an assignment
+  with a method that is not: a probe of n-gram and suffix drafts learns what their shadows already tell.
 - The profile is measured once (once per thread arrangement: `regime_costs` holds the profiles of regimes whose
   rounds run on other threads than `cost`'s), on an idle model and maybe another load of the machine; what a
   round really costs drifts from it (host work, sampling, other processes), and not by the same
@@ -329,6 +331,11 @@ class VerifyLengthPolicy:
     probe_interval: int = 0  # current interval (starts at probe_every)
     probe_from: int | None = None  # the length in force when the last probe ran, until the next choice
     probe_deep: bool = True  # probe max_k too (off when shadow drafts supply the deep positions' statistics)
+    # methods whose deep positions shadow drafts keep measured (the engine's model-free drafters while it shadow-drafts):
+    # a deep probe whose assignment drafts with these alone is skipped (`_deep_probe_learns`). Trace A, session 45: with
+    # the 0.5B beside n-gram and suffix drafts, every repeat ran a k = 4 length probe of n-gram and suffix drafts at 32
+    # rows (1.06-1.09 s against 0.31 s for a plain round, 52 tokens) and another at 13-24 rows (0.55-0.65 s, ~0.2 s lost)
+    shadowed: frozenset[str] = frozenset()
     # (regime, batch bucket, width) -> round last observed
     seen_at: dict[tuple[str, int, int], int] = field(default_factory=dict)
     history: list[int] = field(default_factory=list)
@@ -546,15 +553,19 @@ class VerifyLengthPolicy:
             self._realised(regime, methods, k, rows)
 
     def _catch_up_horizon(self, rows: int, k: int, methods: Sequence[str | None] | None) -> float:
-        """Rounds a catch-up is spread over (`catch_up_rounds`, `max_catch_up_rounds`): at least catch_up_rounds; where
-        the rows' remaining tokens are known and the option's draft models all held rows before (`held`), the rounds
-        they take at the expected tokens a row of k drafts."""
-        floor = max(self.catch_up_rounds, 1)
-        if self.remaining_tokens is None or self.max_catch_up_rounds <= floor or \
-                not _models_of(methods or ()) <= self.held:
-            return float(floor)
+        """Rounds a catch-up is spread over (`catch_up_rounds`, `max_catch_up_rounds`): catch_up_rounds; where the rows'
+        remaining tokens are known, the rounds they take at the expected tokens a row of k drafts if fewer (a
+        one-time cost is won back over the rounds the rows have left or not at all: trace A, session 45, the 0.5B
+        caught a last row up over 0.69-0.89 s, 300-odd tokens, to draft for the 6 tokens it had left), and if the
+        option's draft models all held rows before (`held`), those rounds if more, up to max_catch_up_rounds."""
+        floor = float(max(self.catch_up_rounds, 1))
+        if self.remaining_tokens is None:
+            return floor
         per_row = self.expected_tokens(rows, k, methods) / max(rows, 1)
-        return min(max(self.remaining_tokens / max(per_row, 1.0), floor), float(self.max_catch_up_rounds))
+        left = max(self.remaining_tokens / max(per_row, 1.0), 1.0)
+        if self.max_catch_up_rounds > floor and _models_of(methods or ()) <= self.held:
+            return min(left, float(self.max_catch_up_rounds))
+        return min(floor, left)
 
     def _realised(self, regime: str, methods: Sequence[str | None] | None, k: int, rows: int) -> float:
         """The realised / expected throughput factor of rounds of about `rows` rows drafted by this method set (1
@@ -649,7 +660,11 @@ class VerifyLengthPolicy:
             if k > 0:
                 self.held |= self.models_in_use
             evaluated.clear()  # the hysteresis on the methods in use now weighs from the new ones
-        target = self._probe_target(k, regime, rows)
+
+        def learns(j: int) -> bool:  # a probe verifying j drafts (with the option it would run) tells what shadows do not
+            return self._deep_probe_learns(options, option_at(j)[1] if self.current == 0 else self.option)
+
+        target = self._probe_target(k, regime, rows, learns(self.max_k))
         # a new length in force starts its own interval (its first round counts)
         self.rounds_since_probe = 1 if k != previous else 0 if target is None else self.rounds_since_probe + 1
         self.probe_interval = self.probe_interval or self.probe_every
@@ -659,7 +674,7 @@ class VerifyLengthPolicy:
                 (target < k or self._probe_may_pay(rows, range(k + 1, target + 1), score(k), context, regime,
                                                    options, self.catch_up_s)):
             self.probe_from, k, self.rounds_since_probe = k, target, 0
-        elif (cheap := self._cheap_probe(k, score)) is not None:
+        elif (cheap := self._cheap_probe(k, score, learns)) is not None:
             k = cheap
         if self.probe_from == 0 or (cheap is not None and self.current == 0):
             self.option = option_at(k)[1]  # from plain decoding, the assignment best at the probe's length
@@ -790,7 +805,7 @@ class VerifyLengthPolicy:
         return any(self.throughput(rows, j, context, regime, methods=o, catch_up_s=c, optimism=self.probe_optimism)
                    >= rate for j in lengths for o, c in zip(options, catch_up))
 
-    def _cheap_probe(self, k: int, score: Callable[[int], float]) -> int | None:
+    def _cheap_probe(self, k: int, score: Callable[[int], float], learns: Callable[[int], bool]) -> int | None:
         """The length of a probe that costs little this round, or None. While a shorter length is in force:
         max_k, when expected within `cheap_probe` of its rate and not run for `cheap_probe_every` rounds (only
         running it refreshes the deep positions' statistics). While plain decoding is: the best speculative
@@ -798,7 +813,8 @@ class VerifyLengthPolicy:
         is otherwise judged by its last stretch for as long as it stays out: trace D, session 28, the feature
         drafter's estimate fell 4% below plain decoding's in a poor stretch, and `specactor` decoded plainly for
         150 rounds while `coupled-feature`, drafting with it throughout, ran 15% faster than plain rounds. Kept apart
-        from the regular probes (no interval change)."""
+        from the regular probes (no interval change). learns(j): a round verifying j drafts measures something shadow
+        drafts do not (`_deep_probe_learns`)."""
         if not self.probe_deep or not self.probe_every or not self.cheap_probe_every or k >= self.max_k:
             return None
         recent = self.history[max(len(self.history) - self.cheap_probe_every + 1, 0):]
@@ -810,16 +826,26 @@ class VerifyLengthPolicy:
             target = self.max_k
             if target in recent:
                 return None
-        return target if score(target) >= (1 - self.cheap_probe) * score(k) else None
+        return target if score(target) >= (1 - self.cheap_probe) * score(k) and learns(target) else None
 
-    def _probe_target(self, k: int, regime: str, rows: int) -> int | None:
-        """The length a due probe verifies: max_k (fresh statistics for the deep positions) or 0 (the true
-        cost of plain rounds: the calibration only learns a width by running it, and a profile's error
-        between widths is what makes speculation look cheaper than it is), whichever was run least
-        recently; None when nothing is left to probe (k = 0 without deep probes)."""
-        ends = [end for end in ((0, self.max_k) if self.probe_deep else (0,)) if end != k]
+    def _probe_target(self, k: int, regime: str, rows: int, deep: bool = True) -> int | None:
+        """The length a due probe verifies: max_k (fresh statistics for the deep positions; only where `probe_deep`
+        and `deep`, the caller's `_deep_probe_learns`) or 0 (the true cost of plain rounds: the calibration only
+        learns a width by running it, and a profile's error between widths is what makes speculation look cheaper
+        than it is), whichever was run least recently; None when nothing is left to probe (k = 0 without deep
+        probes)."""
+        ends = [end for end in ((0, self.max_k) if self.probe_deep and deep else (0,)) if end != k]
         bucket = self.bucket(rows)
         return min(ends, key=lambda end: self.seen_at.get((regime, bucket, end + 1), -1)) if ends else None
+
+    def _deep_probe_learns(self, options: Sequence[Sequence[str | None]] | None, index: int) -> bool:
+        """Whether a deep probe drafting with options[index] measures what shadow drafts do not: `probe_deep`, and
+        some method of the assignment is not `shadowed` (without options, or nothing shadowed: `probe_deep` alone)."""
+        if not self.probe_deep:
+            return False
+        if not options or not self.shadowed:
+            return True
+        return not _models_of(options[index]) <= self.shadowed
 
     def observe_acceptance(self, verified_with: Sequence[int], accepted: Sequence[int],
                            methods: Sequence[str | None] | None = None) -> None:

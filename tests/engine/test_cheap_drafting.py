@@ -328,6 +328,7 @@ def test_the_engine_defers_the_prefill_of_a_costly_draft_model_out_of_use_and_st
     result = engine.generate(ragged_requests(6), params)
     assert token_ids(result) == reference
     assert False in calls  # some admissions deferred its prefill
+    assert engine.length_policy.shadowed == {"suffix"}  # its deep positions are its shadows' to measure, not probes'
     assert result.stats.drafted_per_drafter.get("model", 0) > 0  # and it drafted (probes), catching up first
 
 

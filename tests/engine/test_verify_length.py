@@ -636,8 +636,35 @@ def test_a_catch_up_is_spread_over_the_rounds_the_rows_have_left():
     assert chosen(None) == 0  # remaining tokens unknown: over catch_up_rounds
     assert chosen(200.0) > 0  # 100-200 rounds left: spread over 64, ~13 ms a round
     assert p._catch_up_horizon(4, 2, feature) == 64
-    assert chosen(10.0) == 0  # a few rounds left: the floor of 8 rounds holds
-    assert p._catch_up_horizon(4, 2, feature) == 8
+    assert chosen(10.0) == 0  # a few rounds left: spread over those (the next test)
+    assert p._catch_up_horizon(4, 2, feature) == pytest.approx(10.0 / 1.75)
+
+
+def test_a_catch_up_is_not_spread_over_more_rounds_than_the_rows_have_left():
+    """Trace A, session 45: at the end of every repeat the 0.5B, never in use before, caught a last row up over
+    0.69-0.89 s (300-odd tokens) to draft for the 6 tokens the row had left. A one-time cost is won back over the
+    rounds the rows have left or not at all: the catch-up is spread over `catch_up_rounds` or those rounds if
+    fewer (at the option's expected tokens a row), and the same model whose steady rounds win enters where the rows
+    have many tokens left and not where they have a few."""
+    model = ["model"] * 4
+    p = policy_with(linear_table(0.1, 0.001), [0.5] * 4)
+    for _ in range(20):  # its 4 drafts accepted, drafting 5 ms a position: ~2.4x plain decoding's rate
+        p.observe_round(4, [4] * 4, [4] * 4, 0.02, 0.14, 4, methods=model, draft_s_by_method={"model": 0.005})
+
+    def chosen(remaining_tokens: float | None) -> int:
+        p.current, p.held = None, set()  # never in use
+        return p.choose(4, options=[model], catch_up_s=[0.6], remaining_tokens=remaining_tokens)
+
+    def horizon(remaining_tokens: float | None, k: int = 4, held: frozenset[str] = frozenset()) -> float:
+        p.remaining_tokens, p.held = remaining_tokens, set(held)
+        return p._catch_up_horizon(4, k, model)
+
+    assert chosen(200.0) == 4 and horizon(200.0) == 8  # never in use: over catch_up_rounds
+    assert horizon(200.0, held=frozenset({"model"})) == 40  # it held the rows: over the 40 rounds they have left
+    assert chosen(None) == 4 and horizon(None) == 8  # remaining tokens unknown: over catch_up_rounds
+    assert chosen(6.0) == 0  # 6 tokens left, ~1.2 rounds at its 5 tokens a row: the catch-up is not won back
+    assert horizon(6.0) == horizon(6.0, held=frozenset({"model"})) == pytest.approx(1.2)
+    assert horizon(6.0, k=1) == pytest.approx(3.0)  # 2 tokens a row at k = 1: 3 rounds
 
 
 @pytest.mark.parametrize("relaxes", [False, True])
@@ -963,6 +990,28 @@ def test_while_plain_decoding_is_in_force_a_method_expected_close_behind_is_stil
     assert [i for i, (k, _) in enumerate(near) if k] == [0, 8, 16]
     assert {near[i] for i in (0, 8, 16)} == {(1, 1)}
     assert chosen_rounds(0.2) == [(0, 0)] * 24  # k = 1 with it: 0.67 of plain decoding's rate
+
+
+@pytest.mark.parametrize("shadowed", [frozenset(), frozenset({"ngram"})])
+def test_deep_probes_skip_assignments_whose_methods_shadow_drafts_measure(shadowed):
+    """Trace A, session 45: with the 0.5B beside n-gram and suffix drafts (a costly drafter keeps `probe_deep` on)
+    every repeat ran a k = 4 length probe of n-gram and suffix drafts at 32 rows, 1.06-1.09 s against 0.31 s for a
+    plain round, to learn what their shadow drafts already told. Deep probes (the regular ones at max_k, and the cheap
+    ones) run only for an assignment with a method that shadows do not measure (`shadowed`); plain probes, and the
+    deep probes of a draft model's assignment, are kept."""
+    def chosen(methods: list[str]) -> list[int]:
+        policy = VerifyLengthPolicy(linear_table(0.3, 0.02), AcceptanceStats(max_k=4), probe_every=4,
+                                    max_probe_every=16, probe_budget=1.0, probe_optimism=1.0, shadowed=shadowed)
+        policy.method_stats(methods[0]).observed = [40] * 4  # its rates, trusted: plain decoding wins on its merits
+        policy.method_stats(methods[0]).accept_through = [0.5, 0.25, 0.125, 0.0625]
+        return [policy.choose(32, options=[methods]) for _ in range(40)]
+
+    free, model = chosen(["ngram"] * 32), chosen(["model"] * 32)
+    assert set(model) == {0, 1, 4} and model.count(4) >= 3  # the model's deep positions: probed either way
+    if shadowed:
+        assert free == [0] * 40  # n-gram's deep positions are its shadows' to measure
+    else:
+        assert free == model  # the same probes as a model's (1: cheap probes, 4: regular ones)
 
 
 def test_forgetting_acceptance_keeps_what_was_measured_of_costs():
