@@ -559,13 +559,21 @@ class VerifyLengthPolicy:
         caught a last row up over 0.69-0.89 s, 300-odd tokens, to draft for the 6 tokens it had left), and if the
         option's draft models all held rows before (`held`), those rounds if more, up to max_catch_up_rounds."""
         floor = float(max(self.catch_up_rounds, 1))
-        if self.remaining_tokens is None:
+        left = self._rounds_left(rows, k, methods)
+        if left is None:
             return floor
-        per_row = self.expected_tokens(rows, k, methods) / max(rows, 1)
-        left = max(self.remaining_tokens / max(per_row, 1.0), 1.0)
         if self.max_catch_up_rounds > floor and _models_of(methods or ()) <= self.held:
             return min(left, float(self.max_catch_up_rounds))
         return min(floor, left)
+
+    def _rounds_left(self, rows: int, k: int, methods: Sequence[str | None] | None,
+                     optimism: float = 0.0) -> float | None:
+        """Rounds the rows' remaining tokens (`remaining_tokens`) take at the expected tokens a row of k drafts (at
+        least 1; None: unknown)."""
+        if self.remaining_tokens is None:
+            return None
+        per_row = self.expected_tokens(rows, k, methods, optimism) / max(rows, 1)
+        return max(self.remaining_tokens / max(per_row, 1.0), 1.0)
 
     def _realised(self, regime: str, methods: Sequence[str | None] | None, k: int, rows: int) -> float:
         """The realised / expected throughput factor of rounds of about `rows` rows drafted by this method set (1
@@ -799,11 +807,18 @@ class VerifyLengthPolicy:
         way to 1. A probe only pays by what it may reveal; where even that bound is slower than the length in
         force, it is a slow round and no more (trace A on the AMD EPYC, 32 rows: the feature drafter's best estimate
         was 0.82x plain decoding's, its bound 0.88x, and each of a run's two k = 4 probes took 2.0-2.2 s against
-        0.31 s for a plain round)."""
+        0.31 s for a plain round). A probe that pays a catch-up bets it on the stretch after it: it runs only where
+        the rows have `catch_up_rounds` rounds left at that bound (trace A, session 46: at a last row's 6 tokens
+        left, the 0.5B's probe caught it up over 4.05 s, its first use in the run, to draft 4 tokens)."""
         options = list(options) if options else [None]
         catch_up = list(catch_up_s) if len(catch_up_s) == len(options) else [0.0] * len(options)
+
+        def stretch_left(j: int, option: Sequence[str | None] | None) -> bool:
+            left = self._rounds_left(rows, j, option, self.probe_optimism)
+            return left is None or left >= self.catch_up_rounds
+
         return any(self.throughput(rows, j, context, regime, methods=o, catch_up_s=c, optimism=self.probe_optimism)
-                   >= rate for j in lengths for o, c in zip(options, catch_up))
+                   >= rate and (not c or stretch_left(j, o)) for j in lengths for o, c in zip(options, catch_up))
 
     def _cheap_probe(self, k: int, score: Callable[[int], float], learns: Callable[[int], bool]) -> int | None:
         """The length of a probe that costs little this round, or None. While a shorter length is in force:

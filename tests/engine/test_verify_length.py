@@ -482,6 +482,23 @@ def test_a_losing_draft_model_is_probed_now_and_then_and_wins_back_when_its_draf
     assert len(others) <= 3 and all(policy.history[r - 60] == 0 for r in others), others
 
 
+@pytest.mark.parametrize("catch_up_s,remaining,probed", [(0.05, 200.0, True), (0.05, None, True), (0.05, 6.0, False),
+                                                          (0.0, 6.0, True)])
+def test_a_probe_that_pays_a_catch_up_runs_only_where_the_rows_have_a_stretch_left(catch_up_s, remaining, probed):
+    """Trace A, session 46: at a last row's 6 tokens left, a probe of the 0.5B (out of use all run) caught the row up
+    over 4.05 s to draft 4 tokens. A probe that pays a catch-up bets it on the stretch after it, so it runs only where
+    the rows have `catch_up_rounds` rounds left at the probe's optimistic rate (here 5 tokens a row at k = 4: 40
+    rounds for 200 tokens, ~1 for 6); one with nothing to catch up runs at its interval whatever is left."""
+    policy = VerifyLengthPolicy(D_FP32, AcceptanceStats(max_k=4), probe_every=4, max_probe_every=16, probe_budget=1.0,
+                                probe_optimism=1.0)
+    policy.draft_s_by_method["model"] = 0.105  # the int8 0.5B's draft step on trace D (coupled-cheap, session 15)
+    for _ in range(40):  # the suffix drafter's shadows: half right at position 1
+        policy.observe_acceptance([4] * 4, [1, 0, 1, 0], SUFFIX)
+    probes = [i for i in range(12) if policy.choose(4, options=[MODEL, SUFFIX], catch_up_s=[catch_up_s, 0.0],
+                                                    remaining_tokens=remaining) and policy.option == 0]
+    assert probes == ([3, 11] if probed else [])  # after 4 rounds off it, then 8
+
+
 def test_a_method_s_first_drafting_cost_is_its_warm_up():
     policy = VerifyLengthPolicy(D_FP32, AcceptanceStats(max_k=4), probe_every=0)
     policy.observe_round(2, [2] * 4, [2] * 4, 30.0, 31.0, 4, methods=MODEL, draft_s_by_method={"model": 30.0})
