@@ -20,7 +20,7 @@ from specactor_engine.decoupled.phase import DECOUPLED, SOLO, DecouplingPolicy
 from specactor_engine.decoupled.protocol import SamplingSpec
 from specactor_engine.decoupled.sync import WorkerDrafterSync
 from specactor_engine.drafters import Drafter
-from specactor_engine.model.heap import release_free_memory
+from specactor_engine.model.heap import trim_heap
 from specactor_engine.model.runner import ModelRunner
 from specactor_engine.policies.draft_trim import ConfidenceCalibration, choose_tokens
 from specactor_engine.policies.selector import FastestOfNSelector
@@ -33,7 +33,7 @@ from specactor_engine.stopping import StopRules, find_stop_string, truncate_emit
 from specactor_engine.types import DraftProposal, EngineStats, Request
 from specactor_engine.verifier import PACK_MAX_ROWS, Verifier
 
-TRIM_HEAP_EVERY = 32  # rounds between returning freed heap memory to the OS (~5 ms each)
+TRIM_HEAP_EVERY = 32  # rounds between checks whether freed heap memory is due back to the OS (heap.py `trim_heap`)
 COMBINE_MAX_EXTRA = 0.1  # combination's candidate rows may add at most this share to a round's predicted cost
 
 
@@ -194,7 +194,7 @@ class Run:
                 self._round()
                 rounds += 1
                 if rounds % TRIM_HEAP_EVERY == 0:
-                    release_free_memory()  # freed attention temporaries fragment glibc's heap (heap.py)
+                    trim_heap()  # freed attention temporaries fragment glibc's heap (heap.py)
             if progress is not None:
                 progress(len(sequences) - len(pending) - len(self.slot_seq), len(sequences))
 
