@@ -333,8 +333,8 @@ class VerifyLengthPolicy:
     probe_deep: bool = True  # probe max_k too (off when shadow drafts supply the deep positions' statistics)
     # methods whose deep positions shadow drafts keep measured (the engine's model-free drafters while it shadow-drafts):
     # a deep probe whose assignment drafts with these alone is skipped (`_deep_probe_learns`). Trace A, session 45: with
-    # the 0.5B beside n-gram and suffix drafts, every repeat ran a k = 4 length probe of n-gram and suffix drafts at 32
-    # rows (1.06-1.09 s against 0.31 s for a plain round, 52 tokens) and another at 13-24 rows (0.55-0.65 s, ~0.2 s lost)
+    # the 0.5B beside n-gram and suffix drafts, two repeats of three ran a k = 4 probe of n-gram and suffix drafts at 32
+    # rows (1.06-1.09 s against 0.31 s for a plain round, 52 tokens) and two one at 15 rows (0.58-0.65 s, ~0.2 s lost)
     shadowed: frozenset[str] = frozenset()
     # (regime, batch bucket, width) -> round last observed
     seen_at: dict[tuple[str, int, int], int] = field(default_factory=dict)
@@ -556,7 +556,7 @@ class VerifyLengthPolicy:
         """Rounds a catch-up is spread over (`catch_up_rounds`, `max_catch_up_rounds`): catch_up_rounds; where the rows'
         remaining tokens are known, the rounds they take at the expected tokens a row of k drafts if fewer (a
         one-time cost is won back over the rounds the rows have left or not at all: trace A, session 45, the 0.5B
-        caught a last row up over 0.69-0.89 s, 300-odd tokens, to draft for the 6 tokens it had left), and if the
+        caught a last row up over 0.80-0.89 s, 300-odd tokens, to draft for the 6 tokens it had left), and if the
         option's draft models all held rows before (`held`), those rounds if more, up to max_catch_up_rounds."""
         floor = float(max(self.catch_up_rounds, 1))
         left = self._rounds_left(rows, k, methods)

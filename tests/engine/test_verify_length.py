@@ -658,8 +658,8 @@ def test_a_catch_up_is_spread_over_the_rounds_the_rows_have_left():
 
 
 def test_a_catch_up_is_not_spread_over_more_rounds_than_the_rows_have_left():
-    """Trace A, session 45: at the end of every repeat the 0.5B, never in use before, caught a last row up over
-    0.69-0.89 s (300-odd tokens) to draft for the 6 tokens the row had left. A one-time cost is won back over the
+    """Trace A, session 45: at the end of two repeats of three the 0.5B, never in use before, caught a last row up
+    over 0.80-0.89 s (300-odd tokens) to draft for the 6 tokens the row had left. A one-time cost is won back over the
     rounds the rows have left or not at all: the catch-up is spread over `catch_up_rounds` or those rounds if
     fewer (at the option's expected tokens a row), and the same model whose steady rounds win enters where the rows
     have many tokens left and not where they have a few."""
@@ -1012,7 +1012,7 @@ def test_while_plain_decoding_is_in_force_a_method_expected_close_behind_is_stil
 @pytest.mark.parametrize("shadowed", [frozenset(), frozenset({"ngram"})])
 def test_deep_probes_skip_assignments_whose_methods_shadow_drafts_measure(shadowed):
     """Trace A, session 45: with the 0.5B beside n-gram and suffix drafts (a costly drafter keeps `probe_deep` on)
-    every repeat ran a k = 4 length probe of n-gram and suffix drafts at 32 rows, 1.06-1.09 s against 0.31 s for a
+    two repeats of three ran a k = 4 probe of n-gram and suffix drafts at 32 rows, 1.06-1.09 s against 0.31 s for a
     plain round, to learn what their shadow drafts already told. Deep probes (the regular ones at max_k, and the cheap
     ones) run only for an assignment with a method that shadows do not measure (`shadowed`); plain probes, and the
     deep probes of a draft model's assignment, are kept."""
