@@ -8,10 +8,12 @@ threshold instead (MALLOC_MMAP_THRESHOLD_) made decoding several times slower. A
 library has no `malloc_trim` (musl, macOS).
 
 A trim also hands back the pages of the temporaries every round allocates afresh, and the next rounds
-fault them in again (trace A, 32 rows, session 46: a run that trimmed every 32 rounds took 0.6-1.1
-million minor page faults, ~1-3 s of a 63 s run, where others took 20 thousand). `HeapTrimmer` therefore
-trims only once resident memory has grown by `slack` since the last trim: fragmentation stays bounded, and
-a heap whose size holds steady is left alone.
+fault them in again (trace A, 32 rows, paired, session 46: runs that took 0.6-1.1 million minor page
+faults, where others took ~20 thousand, ran up to 5% slower than the others of their repeat). `HeapTrimmer`
+therefore trims only once resident memory has grown by `slack` since the last trim: fragmentation stays
+bounded, and a heap whose size holds steady is left alone. Not every fault came from trims: glibc's
+`posix_memalign`, which torch's CPU allocator calls, touches fresh pages for same-size buffers too
+(bench/session46).
 """
 
 from __future__ import annotations
@@ -62,7 +64,6 @@ class HeapTrimmer:
 
     slack: int = TRIM_SLACK_BYTES
     after_trim: int | None = None  # resident bytes right after the last trim
-    trims: int = 0
 
     def maybe_trim(self) -> bool:
         """Trim if due; True when it trimmed."""
@@ -71,7 +72,6 @@ class HeapTrimmer:
             return False
         if not release_free_memory():
             return False
-        self.trims += 1
         self.after_trim = resident_bytes()
         return True
 

@@ -670,7 +670,7 @@ class VerifyLengthPolicy:
             evaluated.clear()  # the hysteresis on the methods in use now weighs from the new ones
 
         def learns(j: int) -> bool:  # a probe verifying j drafts (with the option it would run) tells what shadows do not
-            return self._deep_probe_learns(options, option_at(j)[1] if self.current == 0 else self.option)
+            return self._deep_probe_learns(options, lambda: option_at(j)[1] if self.current == 0 else self.option)
 
         target = self._probe_target(k, regime, rows, learns(self.max_k))
         # a new length in force starts its own interval (its first round counts)
@@ -853,14 +853,15 @@ class VerifyLengthPolicy:
         bucket = self.bucket(rows)
         return min(ends, key=lambda end: self.seen_at.get((regime, bucket, end + 1), -1)) if ends else None
 
-    def _deep_probe_learns(self, options: Sequence[Sequence[str | None]] | None, index: int) -> bool:
-        """Whether a deep probe drafting with options[index] measures what shadow drafts do not: `probe_deep`, and
-        some method of the assignment is not `shadowed` (without options, or nothing shadowed: `probe_deep` alone)."""
+    def _deep_probe_learns(self, options: Sequence[Sequence[str | None]] | None, index: Callable[[], int]) -> bool:
+        """Whether a deep probe drafting with options[index()] measures what shadow drafts do not: `probe_deep`, and
+        some method of the assignment is not `shadowed` (without options, or nothing shadowed: `probe_deep` alone;
+        index() is called only where the assignment decides)."""
         if not self.probe_deep:
             return False
         if not options or not self.shadowed:
             return True
-        return not _models_of(options[index]) <= self.shadowed
+        return not _models_of(options[index()]) <= self.shadowed
 
     def observe_acceptance(self, verified_with: Sequence[int], accepted: Sequence[int],
                            methods: Sequence[str | None] | None = None) -> None:

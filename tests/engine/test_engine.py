@@ -240,9 +240,9 @@ def test_the_heap_is_trimmed_once_resident_memory_has_grown_by_the_slack(monkeyp
         resident[0] = reading
         done.append(trimmer.maybe_trim())
     assert done == [True, False, False, True, False, False, True] and trims == [1000, 1500, 2000]
-    assert trimmer.trims == 3 and trimmer.after_trim == 2000
+    assert trimmer.after_trim == 2000
     monkeypatch.setattr(heap, "resident_bytes", lambda: None)
-    assert trimmer.maybe_trim() and trimmer.maybe_trim() and trimmer.trims == 5
+    assert trimmer.maybe_trim() and trimmer.maybe_trim() and len(trims) == 5
     real = heap.HeapTrimmer()
     monkeypatch.undo()
     assert heap.resident_bytes() > 0 and real.maybe_trim() is True and real.after_trim > 0  # glibc on Linux
