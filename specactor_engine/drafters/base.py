@@ -159,13 +159,18 @@ class Drafter(ABC):
         feeds before drafting (a draft model after rounds drafted by other methods; 0 without a cache)."""
         return torch.zeros(len(slots), dtype=torch.long)
 
+    def shared_behind(self, state: SequenceState, slots: torch.Tensor) -> torch.Tensor:
+        """Of `behind`, what a catch-up of all of `slots` at once feeds for each row [R] (a draft model feeds a prompt
+        that rows share once: ModelDrafter)."""
+        return self.behind(state, slots)
+
     def catch_up_estimate_s(self, state: SequenceState, slots: torch.Tensor, steady: int = 0) -> float:
         """Seconds the next `propose` for `slots` would spend catching up, by the feeds it measured (`feed`), else
         at the prior rate (`feed_s_prior`), else 0 (the first call measures it). Trace A: the 0.5B, its prefills
         deferred and no feed measured, was chosen with a catch-up counted free and fed 32 rows' contexts, ~6 s.
         steady: tokens per row a round drafting with it every round feeds anyway (the last round's accepted drafts
         and bonus token: its steady drafting cost holds them), left out; 0 counts everything behind."""
-        tokens = int((self.behind(state, slots) - steady).clamp_min(0).sum())
+        tokens = int((self.shared_behind(state, slots) - steady).clamp_min(0).sum())
         if self.feed is not None and self.feed.measured:
             return self.feed.seconds(tokens)
         return tokens * self.feed_s_prior if self.feed_s_prior is not None else 0.0

@@ -94,6 +94,9 @@ class FeatureDrafter(Drafter):
         scale = self.temperature_scale_wanted
         self.temperature_scale = float(scale if scale is not None else getattr(self.model, "temperature_scale", 1.0))
         self.runner.head = self.head.module()
+        self.runner.pack()  # its one-time packing here, not in the first drafting round (ModelRunner.pack)
+        if isinstance(self.fc, PackedLinear):
+            self.fc.prepare()
         if self.num_slots:
             self.runner.allocate(self.num_slots, self.max_len)
 

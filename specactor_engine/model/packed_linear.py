@@ -88,6 +88,10 @@ class PackedLinear:
             self._pack()
             self._key = key
 
+    def prepare(self) -> None:
+        """Pack now (if the source weights changed since the last pack) rather than at the next call."""
+        self._repack_if_changed()
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         self._repack_if_changed()
         if self._kernel:  # no padding: its rows are computed alike for any row count

@@ -267,6 +267,62 @@ def test_a_model_drafter_admitted_without_prefill_drafts_the_same_after_catching
     assert deferred.catch_up_s > 0
 
 
+def test_a_deferred_group_catches_up_its_prompt_once_and_its_estimate_counts_it_once():
+    """Rows of a GRPO group admitted without the draft model's prefill: their catch-up prefills the group's prompt
+    once and copies its KV (trace D: a group of 4 fed its 85-token prompt 4 times over, 0.46 s against ~0.12 s),
+    drafting what a drafter that prefilled drafts (fp64); the catch-up estimate the verify length weighs counts the
+    shared prompt once, and rows of separate admissions (a leader's slot taken by a later row) apart."""
+    drafters = two_model_drafters()
+    state = SequenceState.allocate(4, 64)
+    group, other = [5, 9, 17, 33, 2, 8], [40, 41, 42, 43]
+    for row in range(3):
+        state.tokens[row, :6] = torch.tensor(group)
+    state.tokens[3, :4] = torch.tensor(other)
+    state.lengths[:] = state.prompt_lengths[:] = torch.tensor([6, 6, 6, 4])
+    state.seq_keys[:] = torch.tensor([3, 4, 5, 6])
+    slots = torch.arange(4)
+    prefilled, deferred = drafters
+    for drafter, prefill in ((prefilled, True), (deferred, False)):
+        drafter.allocate(4, 64)
+        drafter.add_rows(state, slots, prefill=prefill)
+    state.append(slots, torch.tensor([[7, 8, 9, 0], [10, 11, 0, 0], [12, 13, 14, 0], [15, 16, 17, 18]]),
+                 torch.tensor([3, 2, 3, 4]))  # rounds of other methods
+    for drafter in drafters:
+        drafter.observe_commit(state, slots)
+    deferred.feed, deferred.feed_s_prior = None, 1.0  # a second per token fed: the estimate in tokens
+    # behind 8, 7, 8, 7 (no prompt in its cache); rows 1 and 2 share row 0's 5 prompt tokens
+    assert deferred.catch_up_estimate_s(state, slots) == pytest.approx(8 + 2 + 3 + 7)
+    prefills: list[int] = []
+    original = deferred._prefill
+    deferred._prefill = lambda tokens, rows, lengths: (prefills.extend(lengths.tolist()), original(tokens, rows, lengths))
+    request = DraftRequest(slots, torch.tensor([2] * 4), SamplingParams(1.0))
+    assert torch.equal(deferred.propose(state, request).token_ids, prefilled.propose(state, request).token_ids)
+    assert sorted(prefills) == [3, 5]  # each distinct prompt once, without its last token
+    assert deferred.catch_up_s > 0
+    apart = two_model_drafters()[1]
+    apart.allocate(4, 64)
+    for row in range(4):  # one admission a row: nothing known shared
+        apart.add_rows(state, slots[row:row + 1], prefill=False)
+    apart.feed, apart.feed_s_prior = None, 1.0
+    assert apart.catch_up_estimate_s(state, slots) == pytest.approx(8 + 7 + 8 + 7)
+
+
+@needs_int8
+def test_a_model_drafter_quantizes_its_weights_where_it_is_built(target):
+    """The int8 weights are made when the drafter is built (and again on a weight update), not in its first
+    drafting round: trace D's 0.5B paid 2.6 s there, inside `specactor`'s timed rollout when the benchmark's warm-up
+    had not drafted with it (ModelRunner.pack)."""
+    model_drafter = drafter(target, "int8")
+    linears = [linear for layer in model_drafter.runner.projections for linear in layer.linears()]
+    assert linears and all(linear._weight is not None for linear in linears)
+    packs: list[int] = []
+    for linear in linears:
+        original = linear._pack
+        linear._pack = lambda original=original: (packs.append(1), original())
+    _drafts(model_drafter)
+    assert packs == []
+
+
 def test_rows_far_apart_catch_up_in_forwards_that_fit_the_cache():
     """A deferred row catches up from position 0 while another is near the cache's end: one forward would pad the
     far row to the deferred row's width and write past the cache (trace D: 'KV cache overflow: position 362 >=
