@@ -241,5 +241,14 @@ class EngineSystem(System):
         workers = self.engine.workers
         return sum(w.transport.cpu_s() for w in workers.coordinator.workers) if workers is not None else 0.0
 
+    def external_pids(self) -> list[int]:
+        """The drafter workers' process ids (none for Ray actors or replicas): a paired run stops them outside this
+        system's turns (benchmark/paired.py)."""
+        workers = None if self.replicated else self.engine.workers
+        if workers is None:
+            return []
+        processes = [getattr(w.transport, "process", None) for w in workers.coordinator.workers]
+        return [p.pid for p in processes if p is not None and p.pid is not None]
+
     def close(self) -> None:
         self.engine.close()

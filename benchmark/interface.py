@@ -110,6 +110,10 @@ class System(ABC):
         """CPU seconds used so far by processes this system drives (counted as its own, not others')."""
         return 0.0
 
+    def external_pids(self) -> list[int]:
+        """Ids of the processes this system drives on this machine (default: none)."""
+        return []
+
 
 def resolve_local(name: str, dtype: str) -> Path:
     """The local directory of a model name or dir; never downloads (a benchmark measures, it does not fetch)."""

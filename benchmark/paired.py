@@ -21,8 +21,11 @@ Runs are written as the standard harness writes them (runs/<system>-<r>.json, re
 report, the identity check against `ar` and the plots are the same. Each repeat is a fresh process; the systems'
 turn order rotates with the repeat. Engine systems only: vLLM runs in a process of its own, `hf` and the oracle
 rows are not engine rounds, and drafter workers or replicas compute outside the turns. `specactor`'s drafter worker
-(traces with a draft model) is allowed: on 2 cores dynamic decoupling keeps it paused, and each run records the CPU
-its workers used during the turns (`paired.external_cpu_s`; a warning in the .log past 1% of the makespan).
+(traces with a draft model) is allowed: its process is stopped (SIGSTOP) whenever its system does not hold the turn
+and continued when it does (`Turns`' `external` hook, `suspend_processes`), so it computes beside its own verifier
+only, as in a run of its own. Until session 47 it ran on during the others' turns: in session 46's trace D run it
+computed 5.4-6.7 s a run, taken from the systems that held the turn, while dynamic decoupling explored its arm.
+Each run records the CPU its workers used (`paired.external_cpu_s`).
 Each run also records the page faults of its turns (`paired.page_faults`): on traces B and C the system in the first
 place took ~6x the others' minor faults and ran up to 3% slower (bench/session45; cause not found): the rotation
 spreads that place over the systems.
@@ -57,7 +60,8 @@ class Turns:
     """
 
     def __init__(self, order: Sequence[str], now: Callable[[], float] = time.perf_counter,
-                 counters: Callable[[], dict[str, int]] | None = None) -> None:
+                 counters: Callable[[], dict[str, int]] | None = None,
+                 external: Callable[[str, bool], None] | None = None) -> None:
         if not order or len(set(order)) != len(order):
             raise ValueError(f"turns need distinct participants, got {list(order)}")
         self._cond = threading.Condition()
@@ -66,6 +70,9 @@ class Turns:
         self._now = now
         self._since = 0.0
         self._counters = counters or page_faults
+        # external(name, True) as `name` takes the turn, (name, False) as it passes it (not as it leaves): its
+        # processes outside this one (drafter workers) run only while it holds the turn
+        self._external = external
         self._counted_since: dict[str, int] = {}
         self.busy_s = {name: 0.0 for name in order}
         self.turns = {name: 0 for name in order}
@@ -79,6 +86,8 @@ class Turns:
         """Block until `name` holds the turn; its clock runs from then."""
         with self._cond:
             self._cond.wait_for(lambda: self._holder == name)
+            if self._external is not None:
+                self._external(name, True)
             self._since = self._now()
             self._counted_since = self._counters()
 
@@ -105,6 +114,8 @@ class Turns:
             own = self.faults[name]
             for key, count in self._counters().items():
                 own[key] = own.get(key, 0) + count - self._counted_since.get(key, count)
+            if self._external is not None and not leaving:
+                self._external(name, False)
             position = self._running.index(name)
             if leaving:
                 self._running.remove(name)
@@ -112,6 +123,18 @@ class Turns:
             else:
                 self._holder = self._running[(position + 1) % len(self._running)]
             self._cond.notify_all()
+
+
+def suspend_processes(pids: Sequence[int], suspended: bool) -> None:
+    """Stop (SIGSTOP) or continue (SIGCONT) these processes; ones that have exited are skipped."""
+    import psutil
+
+    for pid in pids:
+        try:
+            process = psutil.Process(pid)
+            process.suspend() if suspended else process.resume()
+        except psutil.NoSuchProcess:
+            continue
 
 
 def page_faults() -> dict[str, int]:
@@ -209,7 +232,13 @@ def run_paired_once(labelled: Sequence[tuple[str, Any]]) -> dict[str, dict[str, 
     # system's turn triggered it; frozen, the collections of the timed run walk only what the rollouts allocate
     gc.freeze()
     gc_seconds = GcTimer()
-    turns = Turns([label for label, _ in labelled])
+
+    def external(label: str, running: bool) -> None:
+        suspend_processes(systems[label][0].external_pids(), not running)
+
+    for label, _ in labelled:  # every system's workers stopped until it first takes the turn
+        external(label, False)
+    turns = Turns([label for label, _ in labelled], external=external)
     clocks = {label: TurnClock(turns, label) for label, _ in labelled}
     outcome: dict[str, Any] = {}
     grad = torch.is_grad_enabled()
@@ -228,7 +257,8 @@ def run_paired_once(labelled: Sequence[tuple[str, Any]]) -> dict[str, dict[str, 
 
     gc.callbacks.append(gc_seconds)
     bandwidth_start = read_bandwidth_gbps()
-    # drafter workers are processes of their own: what they compute falls outside the turns (paused, they take none)
+    # drafter workers are processes of their own, stopped outside their system's turns: what they compute competes
+    # with their own verifier only (paused by dynamic decoupling, they take none)
     external_before = {label: systems[label][0].external_cpu_s() for label, _ in labelled}
     busy_before, own_before = busy_cpu_s(), time.process_time()
     started = time.perf_counter()
@@ -238,15 +268,14 @@ def run_paired_once(labelled: Sequence[tuple[str, Any]]) -> dict[str, dict[str, 
     for worker in workers:
         worker.join()
     wall_s = time.perf_counter() - started
+    for label, _ in labelled:  # a system that failed may have left its workers stopped; close() needs them running
+        external(label, True)
     gc.callbacks.remove(gc_seconds)
     gc.unfreeze()
     external_s = {label: systems[label][0].external_cpu_s() - external_before[label] for label, _ in labelled}
     contention = _cpu_shares(busy_before, own_before, wall_s, threads, sum(external_s.values()))
     bandwidth_end = read_bandwidth_gbps()
     peak = peak_rss_mb()
-    for label, seconds in external_s.items():
-        if seconds > 0.01 * turns.busy_s[label]:
-            print(f"warning: {label}'s drafter workers computed {seconds:.1f} s outside the turns", file=sys.stderr)
     results = {}
     for label, spec in labelled:
         system = systems[label][0]
