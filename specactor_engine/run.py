@@ -26,7 +26,7 @@ from specactor_engine.policies.draft_trim import ConfidenceCalibration, choose_t
 from specactor_engine.policies.selector import FastestOfNSelector
 from specactor_engine.policies.shadow import SPARSE_MARGIN, ShadowBook, choice_due, shadows_due
 from specactor_engine.policies.verify_length import VerifyLengthPolicy
-from specactor_engine.proposer import Proposer, RoundDrafts
+from specactor_engine.proposer import WORKERS, Proposer, RoundDrafts
 from specactor_engine.sampling import SamplingParams, scaled_log_softmax, token_logprobs, top_logprobs
 from specactor_engine.state import SequenceState
 from specactor_engine.stopping import StopRules, find_stop_string, truncate_emitted
@@ -420,13 +420,17 @@ class Run:
 
     def _decoupled_bound(self, rows: int, context: int) -> float | None:
         """Tokens per second the workers' arm can be expected to reach this round at best: the verify
-        length that suits the acceptance seen so far (the prior before any), at the verify cost on the
-        verifier's threads (profiled on them, scaled by what rounds of that arm actually took), with no
-        drafting on the critical path."""
+        length that suits the acceptance of the workers' own drafts (`WORKERS`' statistics, the prior before a
+        round verified any), at the verify cost on the verifier's threads (profiled on them, scaled by what rounds
+        of that arm actually took), with no drafting on the critical path. The pooled acceptance it read until
+        session 47 was the in-process methods' (on trace D at round 12, n-gram and suffix drafts and their shadows):
+        it let every run explore the workers' arm for 12 rounds on 2 cores, where its measured rate was ~0.7x the
+        paused arm's, and the worker fed the rows' contexts for 7-12 s of CPU."""
         policy = self.engine.length_policy
         if policy is None or not rows:
             return None
-        return max(policy.throughput(rows, k, context, regime=DECOUPLED, drafting=False)
+        workers = [WORKERS] * rows
+        return max(policy.throughput(rows, k, context, regime=DECOUPLED, drafting=False, methods=workers)
                    for k in range(1, policy.max_k + 1))
 
     def _solo_expected(self, slots: torch.Tensor, caps: torch.Tensor, context: int) -> float | None:

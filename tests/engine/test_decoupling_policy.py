@@ -135,3 +135,49 @@ def test_workers_are_paused_before_the_first_rows_arrive_when_plain_decoding_is_
     assert coordinator.calls.index("pause") < coordinator.calls.index("add_rows"), coordinator.calls
     assert result.stats.arm_rounds.get("solo", 0) > 0
     assert token_ids(result) == token_ids(run(target, ragged_requests(3), params))
+
+
+def test_the_workers_best_case_reads_the_acceptance_of_the_workers_own_drafts(monkeypatch):
+    """The bound on the workers' arm weighs the statistics of their drafts (the prior until a round verified any),
+    not the pooled acceptance of whatever drafted in process: on trace D at round 12 that was n-gram and suffix
+    drafts and their shadows, and every run explored the workers' arm for 12 rounds on 2 cores, where it ran at ~0.7x
+    the paused arm's rate (session 46)."""
+    import torch
+
+    from specactor_engine.decoupled.launch import DrafterWorkers
+    from specactor_engine.engine import Engine
+    from specactor_engine.proposer import WORKERS
+    from tests.engine.test_exactness import MAX_LEN, ragged_requests, rollout, sampling
+    from tests.fixtures.tiny_models import make_tiny_model, make_tokenizer
+
+    target = make_tiny_model("llama", seed=0, dtype=torch.float64)
+    config = rollout("decoupled", workers=True, dynamic_decoupling=True, num_draft_tokens=3, max_batch_size=8,
+                     verify_length="dynamic")
+    engine = Engine(target, make_tokenizer(), config, max_model_len=MAX_LEN,
+                    workers=DrafterWorkers(_RecordingCoordinator(), verifier_threads=1))
+    params = sampling(1.0, max_new_tokens=16, ignore_eos=True)
+    engine.generate(ragged_requests(3), params)
+    policy = engine.length_policy
+
+    def certain(stats) -> None:  # every draft accepted, over many rounds
+        stats.accept_through = [1.0] * policy.max_k
+        stats.long_run = [1.0] * policy.max_k
+        stats.observed = [100] * policy.max_k
+
+    bounds: list[float] = []
+    original = DecouplingPolicy.choose
+
+    def choose(self, decoupled_bound=None, solo_expected=None):
+        if decoupled_bound is not None:
+            bounds.append(decoupled_bound)
+        return original(self, decoupled_bound, solo_expected)
+
+    monkeypatch.setattr(DecouplingPolicy, "choose", choose)
+    certain(policy.stats)  # the pooled statistics say every draft is accepted; the workers' are unobserved
+    policy.by_method.pop(WORKERS, None)
+    engine.generate(ragged_requests(3), params)
+    unobserved = bounds[0]
+    certain(policy.method_stats(WORKERS))
+    bounds.clear()
+    engine.generate(ragged_requests(3), params)
+    assert bounds[0] > 1.2 * unobserved
