@@ -325,6 +325,14 @@ class VerifyLengthPolicy:
     draft_s_per_token: float = 0.0  # EMA of drafting seconds per draft position (all rows at once)
     # (regime, batch bucket, width) -> EMA of observed / profiled seconds of a round's verify and host work
     scale: dict[tuple[str, int, int], float] = field(default_factory=dict)
+    # a costly method set's factor (`_calibration_regime`) over the pooled factor of its regime at the same bucket
+    # and width, over many rounds (`realised_decay`): while no round observes the method set its factor relaxes to
+    # the pooled factor times this (`_relax_unobserved`), as its realised factor does. Trace D, session 47: three
+    # of the 0.5B's rounds met a slow spell (0.29-0.5 s where rounds took ~0.15 s; the other systems' rounds slowed
+    # too), its width-2 factor rose to ~1.9 where plain rounds brought the pooled one back to ~1.2, and it stayed
+    # out for ~420 of 509 rounds while n-gram and suffix drafts gave 1.24x `ar` where `coupled-cheap` gave 1.38x
+    scale_long: dict[tuple[str, int, int], float] = field(default_factory=dict)
+    scale_fresh: set[tuple[str, int, int]] = field(default_factory=set)  # costly keys observed since the last `choose`
     decay: float = 0.2
     current: int | None = None
     rounds_since_probe: int = 0
@@ -744,7 +752,11 @@ class VerifyLengthPolicy:
             for key, factor in self.realised.items():
                 if key not in self.realised_fresh and key in self.realised_long:
                     self.realised[key] = factor + self.relax_rate * (self.realised_long[key] - factor)
-        self.fresh, self.realised_fresh = set(), set()
+            for key, relative in self.scale_long.items():
+                pooled = self.scale.get((key[0].split("|", 1)[0], key[1], key[2]))
+                if key not in self.scale_fresh and pooled is not None:
+                    self.scale[key] += self.relax_rate * (pooled * relative - self.scale[key])
+        self.fresh, self.realised_fresh, self.scale_fresh = set(), set(), set()
 
     def _probe_first_option(self, k: int, first_score: Callable[[], float], may_pay: Callable[[], bool]) -> int:
         """Keep the selector's own assignment (options[0]) measured while another wins: a method that drafts in
@@ -938,11 +950,17 @@ class VerifyLengthPolicy:
         ratio = min(max((round_s - draft_s) / max(profiled, 1e-9), MIN_SCALE), MAX_SCALE)
         key = (regime, self.bucket(rows), k + 1)
         keyed = self._calibration_regime(regime, methods, rows) if k > 0 else None
+        pooled = key
         for key in [key] + ([(keyed, key[1], key[2])] if keyed is not None else []):  # pooled, and its methods'
             self.seen_at[key] = len(self.history)
             previous = self.scale.get(key)
             self.scale[key] = ratio if previous is None else previous + self.decay * (ratio - previous)
             self._pull_stale(key)
+            if key is not pooled:  # the method set's factor relative to the pooled one, long-run
+                relative = self.scale[key] / self.scale[pooled]
+                long = self.scale_long.get(key)
+                self.scale_long[key] = relative if long is None else long + self.realised_decay * (relative - long)
+                self.scale_fresh.add(key)
 
     def _pull_stale(self, observed: tuple[str, int, int]) -> None:
         """Widths of the same regime and bucket not observed for `stale_rounds` move toward the factor just

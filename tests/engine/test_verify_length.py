@@ -586,6 +586,42 @@ def test_rounds_of_each_costly_method_have_their_own_verify_calibration():
     assert policy.verify_seconds(4, 0, methods=M) == policy.verify_seconds(4, 0)
 
 
+@pytest.mark.parametrize("relax_rate", [0.0, 0.1])
+def test_a_costly_methods_calibration_out_of_use_relaxes_to_the_pooled_one_times_its_long_run_share(relax_rate):
+    """Trace D, session 47: three of the 0.5B's rounds met a slow spell, its rounds' own calibration rose far above
+    the pooled one, plain rounds brought the pooled one back, and nothing observed the model's again: it stayed out
+    for ~420 of 509 rounds. Out of use, its factor moves back toward the pooled factor times the share its rounds
+    cost over the pooled ones in the long run (it keeps its real extra cost), and the model is chosen again."""
+    M, S = ["m"] * 4, ["s"] * 4
+    policy = VerifyLengthPolicy(D_FP32, AcceptanceStats(max_k=4), probe_every=0, cheap_probe_every=0,
+                                relax_rate=relax_rate)
+    profiled = D_FP32.cost(4, 2)
+
+    def run(methods, factor: float, draft_s: float) -> None:
+        policy.history.append(1)
+        policy.observe_round(1, [1] * 4, [1] * 4, draft_s, factor * profiled + draft_s, 4, methods=methods,
+                             draft_s_by_method={methods[0]: draft_s})
+
+    for _ in range(30):
+        run(M, 1.1, 0.02)  # the model's rounds cost 10% over the free method's, steadily
+        run(S, 1.0, 1e-4)
+    share = policy.scale[("|m", 4, 2)] / policy.scale[("", 4, 2)]
+    assert policy.scale_long[("|m", 4, 2)] == pytest.approx(share, rel=0.02)
+    for _ in range(3):
+        run(M, 3.0, 0.02)  # the slow spell
+    spiked = policy.scale[("|m", 4, 2)]
+    for _ in range(60):  # the free method's rounds bring the pooled factor back; nothing observes the model's
+        policy.choose(4, options=[S])
+        run(S, 1.0, 1e-4)
+    relaxed = policy.scale[("|m", 4, 2)]
+    if relax_rate == 0.0:
+        assert relaxed == pytest.approx(spiked)  # as before: the spell's factor kept
+    else:
+        assert relaxed == pytest.approx(policy.scale[("", 4, 2)] * policy.scale_long[("|m", 4, 2)], rel=0.02)
+        assert 1.02 < relaxed / policy.scale[("", 4, 2)] < 1.2  # its real extra cost kept
+    assert (relaxed < 0.8 * spiked) == (relax_rate > 0)
+
+
 def test_probes_of_a_costly_first_assignment_keep_within_the_probe_budget():
     """A draft model's probe pays a catch-up forward over all it missed, for every row: ~2 s on trace A's 32 rows,
     8 rounds' worth, twice a run. The next probe waits until the last one's seconds are at most `probe_budget` of
