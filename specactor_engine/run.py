@@ -425,7 +425,7 @@ class Run:
         of that arm actually took), with no drafting on the critical path. The pooled acceptance it read until
         session 47 was the in-process methods' (on trace D at round 12, n-gram and suffix drafts and their shadows):
         it let every run explore the workers' arm for 12 rounds on 2 cores, where its measured rate was ~0.7x the
-        paused arm's, and the worker fed the rows' contexts for 7-12 s of CPU."""
+        paused arm's, and the worker was busy 7-12 s a run."""
         policy = self.engine.length_policy
         if policy is None or not rows:
             return None

@@ -51,12 +51,9 @@ def prefill_prompts(state: SequenceState, slots: torch.Tensor, runner: ModelRunn
     """A drafter's prefill of the prompts of `slots` without their last token, once per distinct prompt (a GRPO
     group): prefill(tokens [P, W], slots [P], lengths [P]) runs the leaders, the other rows copy their KV.
     Returns the tokens the leaders fed."""
-    prompt_lengths = state.prompt_lengths[slots] - 1
-    width = int(prompt_lengths.max())
-    if width <= 0:
+    if not len(slots) or int(state.prompt_lengths[slots].max()) <= 1:
         return 0
-    tokens, _ = state.gather(slots, torch.zeros_like(slots), width)
-    leader_of = share_prefill(tokens, prompt_lengths)  # [R] row whose prefill each row reuses
+    tokens, prompt_lengths, leader_of = prompt_leaders(state, slots)  # leader_of: the row each row reuses
     leaders = torch.unique(leader_of)
     leaders = leaders[prompt_lengths[leaders] > 0]
     if len(leaders):
@@ -67,13 +64,13 @@ def prefill_prompts(state: SequenceState, slots: torch.Tensor, runner: ModelRunn
     return int(prompt_lengths[leaders].sum())
 
 
-def prompt_leaders(state: SequenceState, slots: torch.Tensor) -> torch.Tensor:
-    """Per row of `slots`, the index (into `slots`) of the first row with the same prompt, itself if none is earlier
-    (`share_prefill` over the prompts without their last token): [R]."""
+def prompt_leaders(state: SequenceState, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The prompts of `slots` without their last token, tokens [R, W] and lengths [R], and per row the index (into
+    `slots`) of the first row with the same prompt, itself if none is earlier (`share_prefill`) [R]."""
     prompt_lengths = (state.prompt_lengths[slots] - 1).clamp_min(0)
     width = int(prompt_lengths.max()) if len(slots) else 0
     tokens, _ = state.gather(slots, torch.zeros_like(slots), width)
-    return share_prefill(tokens, prompt_lengths)
+    return tokens, prompt_lengths, share_prefill(tokens, prompt_lengths)
 
 
 def fitting_batches(start: torch.Tensor, counts: torch.Tensor, max_len: int) -> list[torch.Tensor]:
@@ -198,7 +195,7 @@ class ModelDrafter(Drafter):
             fed = prefill_prompts(state, slots, self.runner, self._prefill)
             self.observe_feed(time.perf_counter() - started, fed)
         else:
-            self._prompt_leader[slots] = slots[prompt_leaders(state, slots)]
+            self._prompt_leader[slots] = slots[prompt_leaders(state, slots)[2]]
 
     def _prefill(self, tokens: torch.Tensor, slots: torch.Tensor, lengths: torch.Tensor) -> None:
         self.runner.forward(tokens, slots, lengths, logits_at="none")

@@ -329,7 +329,7 @@ class VerifyLengthPolicy:
     # and width, over many rounds (`realised_decay`): while no round observes the method set its factor relaxes to
     # the pooled factor times this (`_relax_unobserved`), as its realised factor does. Trace D, session 47: three
     # of the 0.5B's rounds met a slow spell (0.29-0.5 s where rounds took ~0.15 s; the other systems' rounds slowed
-    # too), its width-2 factor rose to ~1.9 where plain rounds brought the pooled one back to ~1.2, and it stayed
+    # too; 2.2-4x the profile at width 2), raising its own factor, plain rounds brought the pooled one back, and it stayed
     # out for ~420 of 509 rounds while n-gram and suffix drafts gave 1.24x `ar` where `coupled-cheap` gave 1.38x
     scale_long: dict[tuple[str, int, int], float] = field(default_factory=dict)
     scale_fresh: set[tuple[str, int, int]] = field(default_factory=set)  # costly keys observed since the last `choose`
