@@ -14,6 +14,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from specactor_engine.counter_hash import token_hash_of
 from specactor_engine.drafters.base import DraftRequest
 from specactor_engine.model.draft_vocab import GrowingVocab, SplitHead, lowest_ids_vocab
 from specactor_engine.model.packed_linear import PackedModule, packing_supported
@@ -57,6 +58,7 @@ class DraftHead:
         self._version, self._base, self._base_rows = -1, None, 0
         self._module: nn.Module | None = self.full_head
         self.ids: torch.Tensor | None = None
+        self.id_hashes: torch.Tensor | None = None  # [N] token_hash_of(ids): each column's noise key, per build
 
     def module(self) -> nn.Module | None:
         """The head to run (rebuilt if the vocabulary grew); None: the model's own head over the full vocabulary."""
@@ -72,6 +74,7 @@ class DraftHead:
         extra = weight[ids[self._base_rows:].to(weight.device)]  # [E, d]
         self._module = SplitHead(self._base, extra) if len(extra) else self._base
         self.ids = ids.clone()
+        self.id_hashes = token_hash_of(self.ids)
         self._version = vocab.version
         return self._module
 
@@ -112,7 +115,8 @@ class DraftHead:
         keys, positions = state.seq_keys[slots], out_pos[:, None]
         if self.ids is not None:
             ids = self.ids
-            tokens = sample_tokens(logits[:, None], request.params, keys, positions, stream, vocab_ids=ids)[:, 0]
+            tokens = sample_tokens(logits[:, None], request.params, keys, positions, stream, vocab_ids=ids,
+                                   vocab_hashes=self.id_hashes)[:, 0]
             if request.coupled_noise:
                 return tokens, None
             probs = logits.new_zeros(len(slots), self.target_vocab_size, dtype=torch.float64)

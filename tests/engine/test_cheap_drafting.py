@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from specactor_engine.drafters import DraftRequest, DrafterContext
-from specactor_engine.drafters.draft_head import float_linear
+from specactor_engine.counter_hash import token_hash_of
+from specactor_engine.drafters.draft_head import DraftHead, float_linear
 from specactor_engine.drafters.model import ModelDrafter
 from specactor_engine.engine import Engine
 from specactor_engine.model.draft_vocab import GrowingVocab, lowest_ids_vocab
@@ -153,6 +154,20 @@ def test_compact_sampling_equals_full_sampling_with_the_other_tokens_masked():
             compact = sample_tokens(logits[..., ids], params, keys, positions, vocab_ids=ids)
             assert torch.equal(full, compact)
             assert bool(torch.isin(compact, ids).all())
+            kept = sample_tokens(logits[..., ids], params, keys, positions, vocab_ids=ids,
+                                 vocab_hashes=token_hash_of(ids))  # a head's hashes kept between its rebuilds
+            assert torch.equal(kept, compact)
+
+
+def test_draft_head_keeps_its_columns_hashes_in_step_with_a_growing_vocabulary():
+    vocab = GrowingVocab(lowest_ids_vocab(8, VOCAB_SIZE, always=[]), VOCAB_SIZE)
+    weight = torch.randn(VOCAB_SIZE, 16)
+    head = DraftHead(lambda: weight, vocab, "none", VOCAB_SIZE)
+    head.module()
+    assert head.id_hashes is not None and torch.equal(head.id_hashes, token_hash_of(head.ids))
+    vocab.add(torch.tensor([VOCAB_SIZE - 1, VOCAB_SIZE - 2]))
+    head.module()  # rebuilt over the grown vocabulary: the new columns get their tokens' hashes
+    assert len(head.ids) == 10 and torch.equal(head.id_hashes, token_hash_of(head.ids))
 
 
 def test_growing_vocab_keeps_insertion_order_and_counts_changes():
