@@ -182,6 +182,8 @@ $(DRAFTER_SMOLLM2)/.complete: $(DRAFTER_DATA)/rollouts.jsonl | $(STAMP)
 # done in session 42): bf16 rollouts 20.5 min, features 12.6 min, v2's steps 11.4 min (0.86 s a step), v3's 4.3, v4's
 # 11.9 (2.4 s), held-out scoring 3.1-3.7 min a stage: 72.5 min for v4 after the fp32 rollouts; held out v4 top-1
 # 0.865, acceptance 0.850 / 0.754 / 0.692 (its bf16 rollouts are this session's kernels' tokens, not session 37's).
+# Session 48, sessions 45-47's machine, from nothing: fp32 rollouts 20 min, bf16 20.5, features 22.5, v2's steps and
+# scoring 23, v3 11, v4 26 (4.2 s a step): 127 min for v4; held out the same as session 43's (0.865; 0.850 / 0.754 / 0.692).
 DRAFTER_FEATURE_V2 := runs/drafters/qwen1.5b-feature-v2
 DRAFTER_FEATURE_V3 := runs/drafters/qwen1.5b-feature-v3
 DRAFTER_FEATURE_V4 := runs/drafters/qwen1.5b-feature-v4
