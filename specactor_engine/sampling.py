@@ -153,7 +153,7 @@ def sample_tokens(logits: torch.Tensor, params: SamplingParams, seq_keys: torch.
     each column then gets its token's noise, so the choice equals the full-vocabulary one with every
     other token at -inf (when no top-k/top-p warping cuts differently). Default: column v is token v.
     vocab_hashes: [V] `token_hash_of(vocab_ids)` when the caller keeps it (a drafter's head is fixed between
-    rebuilds; hashing its 32k ids took ~0.35 ms of every draft step).
+    rebuilds; hashing its 32k ids took 0.18 ms of every draft step, median of 200 on 2 threads).
     """
     if params.greedy:
         chosen = logits.argmax(dim=-1)
