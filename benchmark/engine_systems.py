@@ -104,6 +104,9 @@ ENGINE_VARIANTS: tuple[EngineVariant, ...] = (
                   "pay); the verify length and each row's method chosen together per round. With --feature-drafter "
                   "the feature-level drafter joins them.",
                   ("model", "feature", "suffix", "ngram"), "dynamic", workers=True),
+    EngineVariant("specactor-trimmed", "specactor", "`specactor` with draft trimming (rollout.draft_trimming: each "
+                  "round verifies the drafted positions whose chance of acceptance pays for their verify time).",
+                  ("model", "feature", "suffix", "ngram"), "dynamic", workers=True, trimming=True),
     EngineVariant("oracle", "coupled", "Coupled mode fed the target's own final outputs: the ceiling at this verify "
                   "length.", ("oracle",)),
     EngineVariant("oracle-dynamic", "coupled", "The oracle with the cost-model verify length: no drafter can beat "

@@ -54,6 +54,9 @@ class RoundDrafts:
     candidate_s: float = 0.0  # seconds drafting the combination's candidates
     draft_s_by_drafter: dict[str, float] = field(default_factory=dict)  # in-process drafting seconds by method
     catch_up_s_by_drafter: dict[str, float] = field(default_factory=dict)  # of which catching up (Drafter.catch_up_s)
+    # draft trimming's early end of a model's drafting: (method, rows [R'] as indices into the round, their
+    # confidence so far [R', j]) -> True where trimming would cut every deeper position (run.py `_draft_stop`)
+    draft_stop: Callable[[str, torch.Tensor, torch.Tensor], bool] | None = None
 
     def steady_draft_s(self) -> dict[str, float]:
         """Drafting seconds by method without catching up: what drafting with it every round costs."""
@@ -170,12 +173,13 @@ class Proposer:
         return [WORKERS, *names] if self.coordinator is not None and workers_on else names
 
     def propose(self, slots: torch.Tensor, caps: torch.Tensor, full_caps: torch.Tensor | None, workers_on: bool,
-                shadow_idle: bool, chosen: list[str | None] | None = None) -> RoundDrafts:
+                shadow_idle: bool, chosen: list[str | None] | None = None,
+                draft_stop: Callable[[str, torch.Tensor, torch.Tensor], bool] | None = None) -> RoundDrafts:
         """Drafts for `slots` [R] up to `caps` [R]; `full_caps` [R] (shadow drafting) the caps before the
         verify length. workers_on: the drafter workers are drafting this round (not paused);
         shadow_idle: also draft idle rows as shadows (statistics only); chosen: each row's method, as
-        already decided with the verify length (None: the selector chooses here)."""
-        drafts = RoundDrafts(no_drafts(len(slots), caps), [None] * len(slots), caps, full_caps)
+        already decided with the verify length (None: the selector chooses here); draft_stop: `RoundDrafts.draft_stop`."""
+        drafts = RoundDrafts(no_drafts(len(slots), caps), [None] * len(slots), caps, full_caps, draft_stop=draft_stop)
         started = clock.now()
         if self.coordinator is None:
             self._propose_in_process(slots, drafts, chosen)
@@ -276,7 +280,7 @@ class Proposer:
             shadowing = full_caps is not None and drafter.model_free
             asked = full_caps[rows] if shadowing else caps[rows]
             request = DraftRequest(slots[rows], asked, self.params, coupled_noise=not self.rejection,
-                                   confidence=self.confidence)
+                                   confidence=self.confidence, stop=self._stop_for(drafts, drafter, rows[asked > 0]))
             started = clock.now()
             proposal = drafter.propose(self.state, request)
             if shadowing:  # drafted to the cap: what this round does not verify is scored as a shadow
@@ -301,6 +305,14 @@ class Proposer:
             for rows, part in confidence_parts:
                 width = min(part.shape[1], merged.confidence.shape[1])
                 merged.confidence[rows, :width] = part[:, :width]
+
+    @staticmethod
+    def _stop_for(drafts: RoundDrafts, drafter: Drafter, rows: torch.Tensor) -> Callable[[torch.Tensor], bool] | None:
+        """`DraftRequest.stop` for a draft model's rows (`rows`: those it drafts, indices into the round)."""
+        stop = drafts.draft_stop
+        if stop is None or drafter.model_free:
+            return None
+        return lambda confidence: stop(drafter.name, rows, confidence)
 
     def _observe_cost(self, drafts: RoundDrafts, name: str, spent: float, rows: int, catch_up: float = 0.0) -> None:
         """Book an in-process drafter's seconds: this round's, the call's, and the selector's cost model (which,

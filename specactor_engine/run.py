@@ -286,7 +286,7 @@ class Run:
         drafts = self.proposer.propose(slots, plan.caps, plan.full_caps, workers_on=plan.arm != SOLO,
                                        shadow_idle=self.proposer.shadows is not None and plan.drafting
                                        and self._shadows_due(plan),
-                                       chosen=plan.methods)
+                                       chosen=plan.methods, draft_stop=self._draft_stop(plan))
         self._trim(plan, drafts)
         if len(self.scratch) and len(slots) <= self.engine.combine_below and drafts.chosen is not None \
                 and self._combination_pays(plan):
@@ -323,13 +323,49 @@ class Run:
         if self.phase is not None:
             self.phase.observe(plan.arm, int(outcome.counts.sum()), clock.now() - started)
 
+    def _trims(self, plan: RoundPlan) -> bool:
+        """Draft trimming applies to this round: on, under the dynamic verify length, drafting, packed."""
+        return self.engine.trim_calibration is not None and plan.policy is not None and plan.cap > 0 \
+            and self.verifier.pack and len(plan.slots) <= PACK_MAX_ROWS  # a cut saves nothing in a padded round
+
+    def _draft_stop(self, plan: RoundPlan) -> Callable[[str, torch.Tensor, torch.Tensor], bool] | None:
+        """Draft trimming's early end of a draft model's steps (`RoundDrafts.draft_stop`): once `_trim` would cut
+        the deepest draft of every row still drafting, a deeper one (its chance is at most the cut one's) would be
+        cut too, and its draft step is saved. Judged as `_trim` judges the round, with the other rows' drafts kept
+        whole at their caps and the drafting seconds spent so far. On trace D with the feature drafter, trimming
+        had cut 1,120 of 2,509 drafted positions (session 49), every one of them drafted at a step's cost."""
+        if not self._trims(plan):
+            return None
+        calibration, policy = self.engine.trim_calibration, plan.policy
+        assert calibration is not None and policy is not None
+        rows, regime, caps, started = len(plan.slots), plan.arm or "", plan.caps.numpy(), clock.now()
+
+        def stop(method: str, mine: torch.Tensor, confidence: torch.Tensor) -> bool:
+            depth, index = confidence.shape[1], mine.numpy()
+            num = caps.copy()
+            num[index] = np.minimum(caps[index], depth)
+            sure = np.full((rows, depth), np.nan)
+            sure[index] = confidence.numpy()
+            methods: list[str | None] = [None] * rows
+            for row in index.tolist():
+                methods[row] = method
+            spent = clock.now() - started
+            kept = choose_tokens(num, sure, methods, calibration,
+                                 lambda tokens: spent + policy.packed_verify_seconds(rows, tokens, plan.context, regime))
+            going = index[caps[index] > depth]
+            ends = bool(len(going)) and bool((kept[going] < depth).all())
+            self.stats.draft_stops += int(ends)
+            return ends
+
+        return stop
+
     def _trim(self, plan: RoundPlan, drafts: RoundDrafts) -> None:
         """Draft trimming (policies/draft_trim.py): under the dynamic verify length, verify the drafted positions
         whose chance of being reached and accepted pays for their verify time, the rest cut."""
         proposal, calibration, policy = drafts.proposal, self.engine.trim_calibration, plan.policy
-        if calibration is None or policy is None or plan.cap == 0 or proposal.confidence is None \
-                or not self.verifier.pack or len(plan.slots) > PACK_MAX_ROWS:  # a cut saves nothing in a padded round
+        if not self._trims(plan) or proposal.confidence is None:
             return
+        assert calibration is not None and policy is not None
         rows, regime = len(plan.slots), plan.arm or ""
 
         def seconds(tokens: int) -> float:

@@ -30,6 +30,10 @@ class DraftRequest:
                       return draft probabilities (classic rejection sampling)
     confidence:       also return each drafted token's probability under the drafter (model drafters;
                       draft trimming reads it: policies/draft_trim.py)
+    stop:             with `confidence`: asked after each draft step but the last, with the confidence so
+                      far [R', j] of the rows drafted (those with a cap); True ends the drafting there, every
+                      row with at most j drafts (draft trimming would cut every deeper position: run.py
+                      `_draft_stop`). Output is unchanged whatever it answers: fewer drafts only verify less.
     """
 
     slots: torch.Tensor
@@ -37,6 +41,13 @@ class DraftRequest:
     params: SamplingParams
     coupled_noise: bool = True
     confidence: bool = False
+    stop: Callable[[torch.Tensor], bool] | None = None
+
+    def stops_after(self, confidence: list[torch.Tensor | None]) -> bool:
+        """Whether drafting ends after the steps drafted so far (each step's confidence [R'], `stop`)."""
+        if self.stop is None or not confidence or confidence[0] is None:
+            return False
+        return bool(self.stop(torch.stack(confidence, dim=1)))
 
 
 @dataclass(frozen=True)

@@ -131,23 +131,25 @@ class DraftHead:
 def propose_rows(request: DraftRequest,
                  draft: Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]]
                  ) -> DraftProposal:
-    """A model drafter's proposal: the rows with a cap drafted together by `draft(slots, k)` (tokens [R', k],
-    probs [R', k, V] or None, confidence [R', k] or None), every one of them to its cap, laid out in the
-    request's rows [R, k]."""
+    """A model drafter's proposal: the rows with a cap drafted together by `draft(slots, k)` (tokens [R', j],
+    probs [R', j, V] or None, confidence [R', j] or None; j = k, or fewer where the request's `stop` ended the
+    drafting), every one of them to its cap or j, laid out in the request's rows [R, j]."""
     active = request.max_draft_tokens > 0
     slots, caps = request.slots[active], request.max_draft_tokens[active]
     k = int(caps.max()) if len(slots) else 0
-    out = DraftProposal(token_ids=torch.zeros(len(request.slots), k, dtype=torch.long),
-                        num_tokens=torch.where(active, request.max_draft_tokens, 0))
     if k == 0:
-        return out
+        return DraftProposal(token_ids=torch.zeros(len(request.slots), 0, dtype=torch.long),
+                             num_tokens=torch.zeros(len(request.slots), dtype=torch.long))
     drafts, probs, confidence = draft(slots, k)
+    width = drafts.shape[1]
+    out = DraftProposal(token_ids=torch.zeros(len(request.slots), width, dtype=torch.long),
+                        num_tokens=torch.where(active, request.max_draft_tokens, 0).clamp_max(width))
     out.token_ids[active] = drafts
     if confidence is not None:
-        out.confidence = torch.full((len(request.slots), k), float("nan"))
+        out.confidence = torch.full((len(request.slots), width), float("nan"))
         out.confidence[active] = confidence
     if probs is not None:
-        out.probs = torch.zeros(len(request.slots), k, probs.shape[-1], dtype=probs.dtype)
+        out.probs = torch.zeros(len(request.slots), width, probs.shape[-1], dtype=probs.dtype)
         out.probs[active] = probs
     return out
 

@@ -160,7 +160,8 @@ class FeatureDrafter(Drafter):
 
     def _draft(self, state: SequenceState, slots: torch.Tensor, k: int, request: DraftRequest
                ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """k draft steps for `slots`: tokens [R, k], probs [R, k, V] or None, confidence [R, k] or None."""
+        """k draft steps for `slots` (fewer where the request's `stop` ends them): tokens [R, j], probs [R, j, V]
+        or None, confidence [R, j] or None."""
         self.runner.head = self.head.module()
         committed = state.lengths[slots]
         # a row drafted again before anything was committed re-feeds its newest position (same result)
@@ -176,6 +177,8 @@ class FeatureDrafter(Drafter):
             tokens.append(token)
             all_probs.append(probs)
             confidence.append(sure)
+            if step + 1 < k and request.stops_after(confidence):
+                break
             if step + 1 < k:  # the next position's input: the draft and this position's predicted feature
                 x = self._inputs(token[:, None], features[:, None])
                 logits, features = self.runner.forward(token[:, None], slots, embeds=x, logits_at="last",

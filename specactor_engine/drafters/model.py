@@ -207,7 +207,8 @@ class ModelDrafter(Drafter):
 
     def _draft(self, state: SequenceState, slots: torch.Tensor, k: int, request: DraftRequest
                ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """k autoregressive draft steps for `slots`: tokens [R, k], probs [R, k, V] or None, confidence [R, k] or None."""
+        """k autoregressive draft steps for `slots` (fewer where the request's `stop` ends them): tokens [R, j],
+        probs [R, j, V] or None, confidence [R, j] or None."""
         self._refresh_head()
         self._catch_up(state, slots, k)
         start = self.runner.lengths[slots].clone()
@@ -221,10 +222,13 @@ class ModelDrafter(Drafter):
             tokens.append(token)
             all_probs.append(probs)
             confidence.append(sure)
+            if step + 1 < k and request.stops_after(confidence):
+                break
             if step + 1 < k:
                 logits = self.runner.forward(token[:, None], slots, logits_at="last")
                 self.runner.commit(slots, torch.ones_like(slots))
         drafts = torch.stack(tokens, dim=1)
+        k = drafts.shape[1]  # fewer than asked where `stop` ended the drafting: k - 1 drafts were fed
         self._fed_base[slots] = state.lengths[slots]
         self._fed_count[slots] = k - 1
         if self._fed.shape[1] < k - 1:

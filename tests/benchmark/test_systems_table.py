@@ -28,6 +28,7 @@ EXPECTED = {
     "coupled-feature-trimmed": ("coupled", None, None, "dynamic", False, True),  # the same, and draft trimming
     "decoupled": ("decoupled", [], None, "dynamic", True, True),
     "specactor": ("specactor", ["model", "suffix", "ngram"], ["suffix", "ngram"], "dynamic", True, True),
+    "specactor-trimmed": ("specactor", ["model", "suffix", "ngram"], ["suffix", "ngram"], "dynamic", True, True),
     "oracle": ("coupled", ["suffix", "ngram"], ["suffix", "ngram"], "fixed", False, True),
     "oracle-dynamic": ("coupled", ["suffix", "ngram"], ["suffix", "ngram"], "dynamic", False, True),
 }
@@ -52,7 +53,7 @@ def specs(tmp_path: Path) -> dict[bool, RunSpec]:
 def test_every_system_name_is_registered_in_order():
     assert list(SYSTEMS) == ["hf", "ar", "ar-torch", "coupled", "coupled-dynamic", "coupled-suffix", "coupled-ngram",
                              "coupled-cheap", "coupled-cheap-trimmed", "coupled-feature", "coupled-feature-trimmed",
-                             "decoupled", "specactor", "oracle", "oracle-dynamic", "vllm", "vllm-spec", "vllm-ngram"]
+                             "decoupled", "specactor", "specactor-trimmed", "oracle", "oracle-dynamic", "vllm", "vllm-spec", "vllm-ngram"]
     assert [name for name, entry in SYSTEMS.items() if entry.needs_reference] == ["oracle", "oracle-dynamic"]
     assert system_unavailable("ar") is None and system_unavailable("nothing") is None
 

@@ -204,3 +204,46 @@ def test_a_draft_model_knows_what_it_would_catch_up_and_at_what_rate(kind: str, 
     request = DraftRequest(slots, torch.tensor([2] * len(CAPS)), SamplingParams(temperature=1.0))
     drafter.propose(state, request)
     assert drafter.catch_up_s > 0 and int(drafter.behind(state, slots).max()) == 0
+
+
+
+@pytest.mark.parametrize("kind", MODELS)
+def test_a_stop_ends_a_model_s_drafting_early_and_leaves_its_next_round_unchanged(kind: str, configs, context):
+    """DraftRequest.stop (draft trimming's early end, run.py `_draft_stop`) is asked after each draft step but the
+    last with the confidence so far; answering True after the second step leaves two drafts a row, the first two of
+    an unstopped drafting, and the drafter's next round drafts what a drafter that was never stopped drafts (the
+    model drafter keeps count of the drafts it fed)."""
+    state, slots = _state_with_output(), torch.arange(len(CAPS))
+    unstopped, stopped = build_drafter(configs[kind], context), build_drafter(configs[kind], context)
+    full = _propose(unstopped, state, CAPS)
+    if kind == "feature":  # the same target and draft layer for both
+        stopped.bind_target(unstopped.target)
+        stopped.model.load_state_dict(unstopped.model.state_dict())
+    stopped.allocate(len(CAPS), state.tokens.shape[1])
+    stopped.add_rows(state, slots)
+    asked: list[tuple[int, ...]] = []
+
+    def stop(confidence: torch.Tensor) -> bool:
+        asked.append(tuple(confidence.shape))
+        return confidence.shape[1] == 2
+
+    params = SamplingParams(temperature=1.0)
+    short = stopped.propose(state, DraftRequest(slots, torch.tensor(CAPS), params, confidence=True, stop=stop))
+    assert asked == [(3, 1), (3, 2)]  # the three rows with a cap, after steps 1 and 2 of 5
+    assert short.token_ids.shape == (len(CAPS), 2) and short.num_tokens.tolist() == [0, 2, 2, 2]
+    assert torch.equal(short.token_ids[1:], full.token_ids[1:, :2])
+    assert short.confidence is not None and short.confidence.shape == (len(CAPS), 2)
+    # every row commits the first draft and a bonus token; the next round is the same for both drafters
+    state.tokens[slots, state.lengths[slots]] = full.token_ids[:, 0]
+    state.tokens[slots, state.lengths[slots] + 1] = 7
+    state.lengths[slots] += 2
+    if kind == "feature":  # the target runs over what was committed (all but the newest), as a verify does
+        runner = unstopped.target
+        tokens, counts = state.gather(slots, runner.lengths[slots], int((state.lengths - 1 - runner.lengths).max()))
+        counts = state.lengths[slots] - 1 - runner.lengths[slots]
+        runner.forward(tokens, slots, counts, logits_at="none")
+        runner.commit(slots, counts)
+    for drafter in (stopped, unstopped):
+        drafter.observe_commit(state, slots)
+    again = DraftRequest(slots, torch.tensor([3, 3, 3, 3]), params)
+    assert torch.equal(stopped.propose(state, again).token_ids, unstopped.propose(state, again).token_ids)
