@@ -163,6 +163,36 @@ def test_trimmed_rounds_emit_what_plain_decoding_does(target, temperature):
     assert token_ids(untrimmed) == reference
 
 
+def test_drafting_ends_where_every_deeper_draft_would_be_cut_and_output_is_unchanged(target):
+    """Where each verified draft costs what a plain round does (packed), trimming cuts every row's deeper drafts: the feature
+    drafter's steps end there (`draft_stops`) instead of drafting to the round's length, and the output still equals
+    plain decoding (fp64). The same rounds without the early end draft deeper only to have it cut."""
+    params = sampling(1.0, n=2, max_new_tokens=30)
+    requests = ragged_requests(5, seed=4)
+    reference = token_ids(run(target, requests, params))
+    batches, widths = (1, 4, 16), (1, 2, 3, 4, 5)
+    seconds = tuple(tuple(0.01 + 0.0001 * b * w for w in widths) for b in batches)  # the verify length drafts deep
+    packed = tuple(tuple(0.01 * (1 + n - b) for n in range(b, b * 5 + 1)) for b in batches)  # a token: a round
+    steps = []
+    drafter = feature_drafter(target)
+    drafter.cost_share = 0.01
+    drafter.catch_up_estimate_s = lambda state, slots, steady=0: 0.0
+    draft = drafter._draft
+
+    def counting(state, slots, k, request):
+        out = draft(state, slots, k, request)
+        steps.append((k, out[0].shape[1]))
+        return out
+
+    drafter._draft = counting
+    engine = engine_with(target, [drafter], "coupled", cost_table=CostTable(batches, widths, seconds, 0, packed),
+                         verify_length="dynamic", draft_trimming=True)
+    result = engine.generate(requests, params)
+    assert token_ids(result) == reference
+    assert result.stats.draft_stops > 0 and result.stats.trimmed_tokens > 0
+    assert sum(k > drafted for k, drafted in steps) == result.stats.draft_stops
+
+
 def test_only_ragged_rounds_of_a_few_rows_are_packed():
     """Up to verifier.PACK_MAX_ROWS rows a ragged round runs packed; above it (and for a uniform round) padded: the
     verify length prices rounds by their padded width (docs/architecture.md 8.6)."""
