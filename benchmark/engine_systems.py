@@ -63,7 +63,7 @@ class EngineVariant:
     verify_length: Literal["fixed", "dynamic"] = "fixed"
     workers: bool = False
     cpu_kernels: bool = True
-    trimming: bool = False  # rollout.draft_trimming (policies/draft_trim.py)
+    trimming: bool | None = None  # rollout.draft_trimming (policies/draft_trim.py); None: the config's default (on)
 
     @property
     def needs_reference(self) -> bool:
@@ -87,15 +87,15 @@ ENGINE_VARIANTS: tuple[EngineVariant, ...] = (
     EngineVariant("coupled-cheap", "coupled", "The trace's draft model as `specactor` drafts with it in process: "
                   "int8 weights and a compact head over 32k tokens, dynamic verify length (its single-drafter "
                   "baseline).", ("model",), "dynamic"),
-    EngineVariant("coupled-cheap-trimmed", "coupled", "`coupled-cheap` with draft trimming (rollout.draft_trimming: "
-                  "each round verifies the drafted positions whose chance of acceptance pays for their verify time).",
-                  ("model",), "dynamic", trimming=True),
+    EngineVariant("coupled-cheap-untrimmed", "coupled", "`coupled-cheap` without draft trimming "
+                  "(rollout.draft_trimming=false: every drafted position is verified).",
+                  ("model",), "dynamic", trimming=False),
     EngineVariant("coupled-feature", "coupled", "The feature-level drafter given with --feature-drafter alone (one "
                   "decoder layer over the target's hidden states, EAGLE-style), dynamic verify length.",
                   ("feature",), "dynamic"),
-    EngineVariant("coupled-feature-trimmed", "coupled", "`coupled-feature` with draft trimming (rollout.draft_trimming: "
-                  "each round verifies the drafted positions whose chance of acceptance pays for their verify time).",
-                  ("feature",), "dynamic", trimming=True),
+    EngineVariant("coupled-feature-untrimmed", "coupled", "`coupled-feature` without draft trimming "
+                  "(rollout.draft_trimming=false: every drafted position is verified).",
+                  ("feature",), "dynamic", trimming=False),
     EngineVariant("decoupled", "decoupled", "The trace's draft model in a worker process; the verifier never waits; "
                   "dynamic verify length and dynamic decoupling.", (), "dynamic", workers=True),
     EngineVariant("specactor", "specactor", "Per request, Fastest-of-N over the suffix and n-gram drafters and, when "
@@ -104,9 +104,9 @@ ENGINE_VARIANTS: tuple[EngineVariant, ...] = (
                   "pay); the verify length and each row's method chosen together per round. With --feature-drafter "
                   "the feature-level drafter joins them.",
                   ("model", "feature", "suffix", "ngram"), "dynamic", workers=True),
-    EngineVariant("specactor-trimmed", "specactor", "`specactor` with draft trimming (rollout.draft_trimming: each "
-                  "round verifies the drafted positions whose chance of acceptance pays for their verify time).",
-                  ("model", "feature", "suffix", "ngram"), "dynamic", workers=True, trimming=True),
+    EngineVariant("specactor-untrimmed", "specactor", "`specactor` without draft trimming "
+                  "(rollout.draft_trimming=false: every drafted position is verified).",
+                  ("model", "feature", "suffix", "ngram"), "dynamic", workers=True, trimming=False),
     EngineVariant("oracle", "coupled", "Coupled mode fed the target's own final outputs: the ceiling at this verify "
                   "length.", ("oracle",)),
     EngineVariant("oracle-dynamic", "coupled", "The oracle with the cost-model verify length: no drafter can beat "
@@ -128,7 +128,7 @@ def engine_config(variant: EngineVariant, spec: RunSpec) -> SpecActorConfig:
                               and (source != "feature" or spec.feature_drafter is not None)]
     rollout = RolloutConfig(mode=variant.mode, num_draft_tokens=spec.num_draft_tokens,
                             verify_length=variant.verify_length, max_batch_size=spec.max_batch_size or ALL_AT_ONCE,
-                            draft_trimming=variant.trimming, **fields)
+                            **({} if variant.trimming is None else {"draft_trimming": variant.trimming}), **fields)
     if spec.replicas > 1:  # the run's threads shared among the replicas, no drafter worker beside a 1-thread engine
         rollout = rollout.model_copy(update={"replicas": spec.replicas, "decoupled": DecoupledConfig(),
                                              "replica_threads": max(1, spec.threads // spec.replicas)})

@@ -22,6 +22,7 @@ from specactor_engine.decoupled.sync import WorkerDrafterSync
 from specactor_engine.drafters import Drafter
 from specactor_engine.model.heap import trim_heap
 from specactor_engine.model.runner import ModelRunner
+from specactor_engine.policies.cost_profile import PACKED_MAX_ROWS
 from specactor_engine.policies.draft_trim import ConfidenceCalibration, choose_tokens
 from specactor_engine.policies.selector import FastestOfNSelector
 from specactor_engine.policies.shadow import SPARSE_MARGIN, ShadowBook, choice_due, shadows_due
@@ -324,9 +325,11 @@ class Run:
             self.phase.observe(plan.arm, int(outcome.counts.sum()), clock.now() - started)
 
     def _trims(self, plan: RoundPlan) -> bool:
-        """Draft trimming applies to this round: on, under the dynamic verify length, drafting, packed."""
+        """Draft trimming applies to this round: on, under the dynamic verify length, drafting, packed (a cut saves
+        nothing in a padded round), and at most PACKED_MAX_ROWS rows: the startup profile measures packed rounds up
+        to there, and past it a cut would be priced by the padded widths' interpolation."""
         return self.engine.trim_calibration is not None and plan.policy is not None and plan.cap > 0 \
-            and self.verifier.pack and len(plan.slots) <= PACK_MAX_ROWS  # a cut saves nothing in a padded round
+            and self.verifier.pack and len(plan.slots) <= min(PACK_MAX_ROWS, PACKED_MAX_ROWS)
 
     def _draft_stop(self, plan: RoundPlan) -> Callable[[str, torch.Tensor, torch.Tensor], bool] | None:
         """Draft trimming's early end of a draft model's steps (`RoundDrafts.draft_stop`): once `_trim` would cut

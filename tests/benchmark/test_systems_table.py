@@ -23,12 +23,12 @@ EXPECTED = {
     "coupled-suffix": ("coupled", ["suffix"], ["suffix"], "dynamic", False, True),
     "coupled-ngram": ("coupled", ["ngram"], ["ngram"], "dynamic", False, True),
     "coupled-cheap": ("coupled", ["model"], None, "dynamic", False, True),
-    "coupled-cheap-trimmed": ("coupled", ["model"], None, "dynamic", False, True),  # and draft trimming
+    "coupled-cheap-untrimmed": ("coupled", ["model"], None, "dynamic", False, True),  # without draft trimming
     "coupled-feature": ("coupled", None, None, "dynamic", False, True),  # needs --feature-drafter (own test)
-    "coupled-feature-trimmed": ("coupled", None, None, "dynamic", False, True),  # the same, and draft trimming
+    "coupled-feature-untrimmed": ("coupled", None, None, "dynamic", False, True),  # the same, without trimming
     "decoupled": ("decoupled", [], None, "dynamic", True, True),
     "specactor": ("specactor", ["model", "suffix", "ngram"], ["suffix", "ngram"], "dynamic", True, True),
-    "specactor-trimmed": ("specactor", ["model", "suffix", "ngram"], ["suffix", "ngram"], "dynamic", True, True),
+    "specactor-untrimmed": ("specactor", ["model", "suffix", "ngram"], ["suffix", "ngram"], "dynamic", True, True),
     "oracle": ("coupled", ["suffix", "ngram"], ["suffix", "ngram"], "fixed", False, True),
     "oracle-dynamic": ("coupled", ["suffix", "ngram"], ["suffix", "ngram"], "dynamic", False, True),
 }
@@ -52,8 +52,8 @@ def specs(tmp_path: Path) -> dict[bool, RunSpec]:
 
 def test_every_system_name_is_registered_in_order():
     assert list(SYSTEMS) == ["hf", "ar", "ar-torch", "coupled", "coupled-dynamic", "coupled-suffix", "coupled-ngram",
-                             "coupled-cheap", "coupled-cheap-trimmed", "coupled-feature", "coupled-feature-trimmed",
-                             "decoupled", "specactor", "specactor-trimmed", "oracle", "oracle-dynamic", "vllm", "vllm-spec", "vllm-ngram"]
+                             "coupled-cheap", "coupled-cheap-untrimmed", "coupled-feature", "coupled-feature-untrimmed",
+                             "decoupled", "specactor", "specactor-untrimmed", "oracle", "oracle-dynamic", "vllm", "vllm-spec", "vllm-ngram"]
     assert [name for name, entry in SYSTEMS.items() if entry.needs_reference] == ["oracle", "oracle-dynamic"]
     assert system_unavailable("ar") is None and system_unavailable("nothing") is None
 
@@ -77,7 +77,7 @@ def test_each_engine_row_configures_the_engine_like_before(variant, specs):
                 rollout.packed_verify) == \
             (defaults.combine_below, defaults.shadow_rows, defaults.acceptance, defaults.selection,
              defaults.packed_verify)
-        assert rollout.draft_trimming == variant.name.endswith("-trimmed")
+        assert rollout.draft_trimming == (not variant.name.endswith("-untrimmed"))
 
 
 @pytest.mark.parametrize("name", ["decoupled", "coupled-cheap"])
@@ -114,9 +114,9 @@ def test_a_feature_drafter_joins_specactor_and_is_coupled_feature_s_only_method(
     assert kinds == ["model", "feature", "suffix", "ngram"]
     with pytest.raises(RuntimeError, match="--feature-drafter DIR"):
         EngineSystem(by_name["coupled-feature"], specs[True])
-    trimmed = engine_config(by_name["coupled-feature-trimmed"], spec).rollout
-    assert [(d.kind, d.path) for d in trimmed.drafters] == [("feature", str(tmp_path / "fd"))]
-    assert trimmed.draft_trimming and not engine_config(by_name["coupled-feature"], spec).rollout.draft_trimming
+    untrimmed = engine_config(by_name["coupled-feature-untrimmed"], spec).rollout
+    assert [(d.kind, d.path) for d in untrimmed.drafters] == [("feature", str(tmp_path / "fd"))]
+    assert not untrimmed.draft_trimming and engine_config(by_name["coupled-feature"], spec).rollout.draft_trimming
 
 
 def test_vllm_speculation_follows_the_row(specs):

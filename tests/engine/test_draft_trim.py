@@ -147,7 +147,7 @@ def test_trimmed_rounds_emit_what_plain_decoding_does(target, temperature):
     """With trimming on and a verify cost that jumps every 6 tokens, rounds verify only part of their drafts, in
     packed forwards; the output equals plain decoding token for token (fp64)."""
     params = sampling(temperature, n=2, max_new_tokens=30)
-    requests = ragged_requests(5, seed=4)
+    requests = ragged_requests(4, seed=4)  # 8 rows: trimming prices rounds of up to 8 (PACKED_MAX_ROWS)
     reference = token_ids(run(target, requests, params))
     drafter = feature_drafter(target)
     drafter.cost_share = 0.01
@@ -168,7 +168,7 @@ def test_drafting_ends_where_every_deeper_draft_would_be_cut_and_output_is_uncha
     drafter's steps end there (`draft_stops`) instead of drafting to the round's length, and the output still equals
     plain decoding (fp64). The same rounds without the early end draft deeper only to have it cut."""
     params = sampling(1.0, n=2, max_new_tokens=30)
-    requests = ragged_requests(5, seed=4)
+    requests = ragged_requests(4, seed=4)  # 8 rows: trimming prices rounds of up to 8 (PACKED_MAX_ROWS)
     reference = token_ids(run(target, requests, params))
     batches, widths = (1, 4, 16), (1, 2, 3, 4, 5)
     seconds = tuple(tuple(0.01 + 0.0001 * b * w for w in widths) for b in batches)  # the verify length drafts deep

@@ -218,8 +218,9 @@ def test_under_a_dynamic_length_combination_runs_only_where_extra_rows_are_nearl
     reference = token_ids(run(target, ragged_requests(3), params))
     # the target drafting for itself (always accepted, so the rounds draft), candidates from the free methods
     drafters = [make_drafter(kind, target, torch.float64) for kind in ("self", "suffix", "ngram")]
+    # without draft trimming: under the compute-bound cost it would cut every draft (the rounds must verify drafts)
     engine = specactor_engine(target, drafters, cost_table=table(0.05, per_token), verify_length="dynamic",
-                              combine_below=16)
+                              combine_below=16, draft_trimming=False)
     engine.prepare_length_policy(ragged_requests(3), params)
     engine.length_policy.probe_budget = 1.0  # a deep probe on its regular schedule (not held by the 5% time budget)
     # nor by the gate on what it could reveal (under the compute-bound cost drafting with the target itself cannot
