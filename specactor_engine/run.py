@@ -597,6 +597,9 @@ class Run:
             "draft_s_by_drafter": {name: round(spent, 6) for name, spent in drafts.draft_s_by_drafter.items()},
             "shadow_by_drafter": dict(outcome.shadows),
             **({"arm": plan.arm} if self.phase is not None else {}),
+            # the verify length's expected tokens/s per k when it chose this round (diagnostics; none when held)
+            **({"scores": [round(x, 2) for x in plan.policy.scores]} if plan.policy is not None and plan.policy.scores
+               else {}),
         })
 
     def _assert_invariants(self, slots: torch.Tensor) -> None:

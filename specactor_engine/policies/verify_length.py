@@ -425,6 +425,7 @@ class VerifyLengthPolicy:
     # share of the way back to their long-run means (`AcceptanceStats.relax`)
     relax_rate: float = 0.1
     speculation_margin: float = 1.0  # the last choice's best expected rate at k > 0 over its rate at k = 0
+    scores: tuple[float, ...] = ()  # the last choice's expected tokens/s per k (its best assignment's); () after hold()
     # regime -> the profile measured on that regime's threads (the engine: the drafter workers' arm runs the verifier
     # on fewer threads than plain decoding); a regime not named here is priced by `cost`. One profile for both
     # priced trace D's 4-row width-3 verify at 1.68x a width-1 round (measured on the verifier's one thread) where
@@ -659,7 +660,8 @@ class VerifyLengthPolicy:
             return option_at(k)[0]
 
         best = self.best(rows, context, regime, options, score)
-        self.speculation_margin = max(score(k) for k in range(1, self.max_k + 1)) / max(score(0), 1e-9)
+        self.scores = tuple(score(j) for j in range(self.max_k + 1))
+        self.speculation_margin = max(self.scores[1:]) / max(self.scores[0], 1e-9)
         previous = self.current
         if self.current is None:
             self.current = best
@@ -734,7 +736,7 @@ class VerifyLengthPolicy:
         intervals as a chosen plain round would, so probes come as many rounds apart; one that falls due runs at
         the next choice."""
         self.history.append(0)
-        self.expected, self.probing_first = None, False
+        self.expected, self.probing_first, self.scores = None, False, ()
         if self.current == 0 and self.probe_deep:  # `_probe_target`: at k = 0 only max_k is probed
             self.rounds_since_probe += 1
         self.rounds_off_first += 1

@@ -46,6 +46,19 @@ def test_dynamic_length_is_exact(fp64_target, kind, temperature):
     assert result.stats.timeline and len(engine.length_policy.history) == result.stats.verify_rounds
 
 
+def test_the_timeline_records_the_rates_each_choice_weighed(fp64_target):
+    """Each round the policy chose (not held) records its expected tokens/s at k = 0..K; drafting with the target
+    itself (every draft accepted) under a flat cost, the chosen length is the one rated best."""
+    engine = dynamic_engine(fp64_target, [make_drafter("self", fp64_target, torch.float64)], table(0.01, 0.0))
+    result = engine.generate(ragged_requests(4), sampling(1.0, n=2, max_new_tokens=40))
+    rated = [entry for entry in result.stats.timeline if "scores" in entry]
+    assert len(rated) == result.stats.verify_rounds > 2
+    assert all(len(entry["scores"]) == K + 1 for entry in rated)
+    best = [max(range(K + 1), key=lambda k: (entry["scores"][k], -k)) for entry in rated]
+    # the last round's cap is bounded by the tokens the rows have left
+    assert [entry["cap"] for entry in rated[:-1]] == best[:-1] == [K] * (len(rated) - 1)
+
+
 @pytest.mark.parametrize("shadow_rows", [0, 4])
 def test_useless_drafts_under_a_compute_bound_cost_fall_back_to_plain_decoding(fp64_target, shadow_rows):
     """An n-gram drafter on random tiny-model text accepts ~nothing: with verify cost proportional
