@@ -44,16 +44,17 @@ A pure policy over statistics (no torch, no engine), so it can be unit-tested on
   round really costs drifts from it (host work, sampling, other processes), and not by the same
   factor at every width. Each finished round therefore updates an EMA of observed / profiled
   seconds for its width (per `regime`: the engine's thread arrangement, e.g. workers running or
-  paused), and every prediction is scaled by it. A width not observed yet borrows the nearest
-  observed width's factor; a width that has not run for a while follows the factors observed since
-  (nearer widths more), so one stray round cannot price a width for the rest of a run. An additive
-  correction would not do: a profile that overestimates plain rounds would then make every wider
-  round look cheaper than it is.
+  paused), and every prediction is scaled by it. A width not observed yet is read off the line through
+  the observed widths' seconds against their profiled seconds (part of a round's excess is fixed, part
+  proportional, so one width's factor does not carry to another); a width that has not run for a while
+  follows that line as the widths observed since draw it (nearer widths more), so one stray round cannot
+  price a width for the rest of a run. One additive correction for every width would not do: a profile
+  that overestimates plain rounds would then make every wider round look cheaper than it is.
 - The factor also differs with the batch: host work weighs more at one row than at 32, so a
   factor learned in one step's long tail (or a one-row warm-up) misjudges the next step's full
   batch. Factors are therefore kept per batch bucket (the profile's nearest measured batch size,
-  in log scale); a width not observed in a bucket borrows from the same bucket first, then from
-  the nearest bucket.
+  in log scale); a width not observed in a bucket is read off the same bucket's line, and a bucket with
+  nothing observed borrows the nearest bucket's.
 """
 
 from __future__ import annotations
@@ -452,9 +453,10 @@ class VerifyLengthPolicy:
         return _nearest_bucket(tuple(self.cost.batch_sizes), rows)
 
     def calibration(self, width: int, regime: str = "", rows: int = 1) -> float:
-        """Observed / profiled round time at `width` for a batch of `rows` under `regime`. A width not
-        observed in this batch bucket borrows the nearest observed width's factor of the bucket (the
-        narrower on a tie), then of the nearest bucket; with nothing observed it is 1."""
+        """Observed / profiled round time at `width` for a batch of `rows` under `regime`: the width's own factor in
+        the nearest batch bucket with observations; a width not observed there takes the factor that puts it on the
+        line through the observed widths' seconds (`_line_factor`), else the nearest bucket's; with nothing
+        observed it is 1."""
         if self._memo is None:
             return self._calibration(width, regime, rows)
         key = ("calibration", width, regime, rows)
@@ -463,12 +465,39 @@ class VerifyLengthPolicy:
         return self._memo[key]
 
     def _calibration(self, width: int, regime: str, rows: int) -> float:
-        observed = [(b, w) for (r, b, w) in self.scale if r == regime]
-        if not observed:
+        buckets = {b for (r, b, _) in self.scale if r == regime}
+        if not buckets:
             return 1.0
         here, log = self.bucket(rows), np.log
-        b, w = min(observed, key=lambda bw: (abs(log(bw[0]) - log(here)), bw[0], abs(bw[1] - width), bw[1]))
-        return self.scale[(regime, b, w)]
+        bucket = min(buckets, key=lambda b: (abs(log(b) - log(here)), b))
+        own = self.scale.get((regime, bucket, width))
+        return own if own is not None else self._line_factor(regime, bucket, width)
+
+    def _line_factor(self, regime: str, bucket: int, width: int) -> float:
+        """The factor of `width` read off the line through the other observed widths' seconds against their profiled
+        seconds, observed = a + b x profiled (least squares; the widths observed within `stale_rounds` when there are
+        any, else all). A round's time over the profile is part fixed (host work, sampling, what the machine's
+        memory state adds to streaming the weights) and part proportional, so widths' factors differ and one
+        width's factor does not carry to another: on trace D (session 50) plain 4-row rounds ran at ~1.7x the
+        profile, k = 1 at ~1.5x and k = 3-4 at ~0.9-1.0x (trimmed), and k = 2, never observed, borrowed k = 1's
+        factor; it was rated below both k = 1 and k = 3 and no round of 600-odd ran it. One width alone gives its
+        own factor; a line that falls with the profile (noise) gives the widths' pooled ratio."""
+        cost = self.cost_for(regime.split("|", 1)[0])
+        now = len(self.history)
+        widths = [w for (r, b, w) in self.scale if r == regime and b == bucket and w != width]
+        fresh = [w for w in widths if now - self.seen_at.get((regime, bucket, w), -1) <= self.stale_rounds]
+        points = [(cost.cost(bucket, w), self.scale[(regime, bucket, w)]) for w in (fresh or widths)]
+        if not points:
+            return 1.0
+        profiled = cost.cost(bucket, width)
+        xs, ys = [p for p, _ in points], [p * f for p, f in points]
+        mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
+        spread = sum((x - mean_x) ** 2 for x in xs)
+        slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / spread if spread > 0 else -1.0
+        if slope < 0:  # one width, or a line no cost curve has: the pooled ratio
+            return mean_y / max(mean_x, 1e-12)
+        seconds = mean_y + slope * (profiled - mean_x)
+        return min(max(seconds / max(profiled, 1e-12), MIN_SCALE), MAX_SCALE)
 
     def verify_seconds(self, rows: int, k: int, context: int | None = None, regime: str = "",
                        methods: Sequence[str | None] | None = None) -> float:
@@ -965,20 +994,23 @@ class VerifyLengthPolicy:
                 self.scale_fresh.add(key)
 
     def _pull_stale(self, observed: tuple[str, int, int]) -> None:
-        """Widths of the same regime and bucket not observed for `stale_rounds` move toward the factor just
-        observed, `decay x neighbour_share^|width difference|` of the way: what a round costs against the profile
-        drifts (the machine's load, the caches, the host work) for every width alike, and a width that stopped
-        running would otherwise keep the factor of whatever round it last ran in. Trace D: width 3 (k = 2) was
-        observed once, in round 38, at 0.745x the profile; widths 1, 4 and 5 ran at 0.55-0.57x all run long, so k = 2
-        looked a third dearer than it was and `specactor` never left k = 3 where the feature drafter alone moved
-        between 2 and 3 with its acceptance."""
+        """Widths of the same regime and bucket not observed for `stale_rounds` move toward the factor the widths
+        observed since put them at (`_line_factor`), `decay x neighbour_share^|width difference|` of the way: what a
+        round costs against the profile drifts (the machine's load, the caches, the host work) for every width, and a
+        width that stopped running would otherwise keep the factor of whatever round it last ran in. Trace D: width 3
+        (k = 2) was observed once, in round 38, at 0.745x the profile; widths 1, 4 and 5 ran at 0.55-0.57x all run
+        long, so k = 2 looked a third dearer than it was and `specactor` never left k = 3 where the feature drafter
+        alone moved between 2 and 3 with its acceptance. Toward the line, not toward the observed width's factor:
+        plain rounds carry a fixed share that wider ones do not (session 50, trace D: plain 4-row rounds at ~1.7x the
+        profile, k = 3-4 at ~1.0x), and pulled to the wider widths' factor, plain decoding was expected at 43-47
+        tokens/s where it ran at 32."""
         regime, bucket, width = observed
-        now, factor = len(self.history), self.scale[observed]
-        for other in self.scale:
+        now = len(self.history)
+        for other in list(self.scale):
             if other[0] == regime and other[1] == bucket and other[2] != width and \
                     now - self.seen_at.get(other, -1) > self.stale_rounds:
                 share = self.decay * self.neighbour_share ** abs(other[2] - width)
-                self.scale[other] += share * (factor - self.scale[other])
+                self.scale[other] += share * (self._line_factor(regime, bucket, other[2]) - self.scale[other])
 
 
 @functools.lru_cache(maxsize=1024)

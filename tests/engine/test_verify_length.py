@@ -223,6 +223,44 @@ def test_a_width_not_run_for_a_while_follows_the_widths_observed_since():
     assert policy.calibration(3, regime="other", rows=2) == 1.0  # other regimes and buckets are left alone
 
 
+def test_a_width_not_observed_is_read_off_the_line_through_the_observed_widths_seconds():
+    """Session 50, trace D: a round's time over the profile is part fixed (plain 4-row rounds ran at ~1.7x the
+    profile, k = 3-4 at ~1.0x). k = 2, never observed, borrowed k = 1's factor, was rated below k = 1 and k = 3,
+    and never ran. Here rounds cost the profile plus a fixed 0.05 s: from widths 2 and 4 alone the policy prices
+    widths 1, 3 and 5 as they are, and picks the length that is best under the true cost."""
+    profile, true_cost = linear_table(0.0, 0.01), linear_table(0.05, 0.01)  # 8 rows: 0.08 w vs 0.05 + 0.08 w
+    accept = [0.9, 0.8, 0.5, 0.2]
+    policy = policy_with(profile, accept, decay=1.0)
+    for k in (1, 3):
+        policy.observe_round(k, [k] * 8, [0] * 8, draft_s=0.0, round_s=true_cost.cost(8, k + 1), rows=8)
+    for width in WIDTHS:
+        assert policy.calibration(width, rows=8) == pytest.approx(true_cost.cost(8, width) / profile.cost(8, width))
+    policy.stats.accept_through = list(accept)
+    # borrowing width 2's factor for width 1 made plain rounds 0.105 s instead of 0.13 and chose k = 0
+    assert policy.best(8) == analytic_best(true_cost, accept, 8) == 2
+
+
+def test_a_stale_plain_width_follows_the_line_not_the_wider_widths_factor():
+    """Pulled toward the factor of the widths observed since, a plain width's fixed share was lost: trace D,
+    session 50, plain decoding was expected at 43-47 tokens/s where its rounds ran at 32."""
+    profile, true_cost = linear_table(0.0, 0.01), linear_table(0.05, 0.01)
+    policy = policy_with(profile, [0.9, 0.8, 0.5, 0.2], decay=0.2)
+
+    def run(k: int) -> None:
+        policy.history.append(k)  # what `choose` records
+        policy.observe_round(k, [k] * 8, [0] * 8, draft_s=0.0, round_s=true_cost.cost(8, k + 1), rows=8)
+
+    run(0)
+    for round_index in range(3 * policy.stale_rounds):
+        run(1 if round_index % 2 else 3)
+    assert policy.calibration(1, rows=8) == pytest.approx(0.13 / 0.08)  # where its own rounds put it
+    assert policy.calibration(2, rows=8) == pytest.approx(0.21 / 0.16)
+    assert policy.calibration(4, rows=8) == pytest.approx(0.37 / 0.32)
+    policy.scale[("", 8, 1)] = 1.0  # a stray plain round: the line pulls it back, nearer widths' rounds faster
+    run(1)
+    assert policy.calibration(1, rows=8) == pytest.approx(1.0 + 0.2 * 0.5 * (1.625 - 1.0))
+
+
 def test_per_width_calibration_undoes_a_profile_that_overestimates_plain_rounds():
     """A profile that says plain rounds cost 0.5 s when they take 0.3 s, but gets wider rounds right,
     made wider rounds look relatively cheap; once both widths are observed the policy decodes plainly."""
