@@ -480,7 +480,7 @@ class VerifyLengthPolicy:
         memory state adds to streaming the weights) and part proportional, so widths' factors differ and one
         width's factor does not carry to another: on trace D (session 50) plain 4-row rounds ran at ~1.7x the
         profile, k = 1 at ~1.5x and k = 3-4 at ~0.9-1.0x (trimmed), and k = 2, never observed, borrowed k = 1's
-        factor; it was rated below both k = 1 and k = 3 and no round of 600-odd ran it. One width alone gives its
+        factor; it was rated below both k = 1 and k = 3 and no 4-row round of six runs ran it. One width alone gives its
         own factor; a line that falls with the profile (noise) gives the widths' pooled ratio."""
         cost = self.cost_for(regime.split("|", 1)[0])
         now = len(self.history)
