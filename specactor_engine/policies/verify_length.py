@@ -481,7 +481,8 @@ class VerifyLengthPolicy:
         width's factor does not carry to another: on trace D (session 50) plain 4-row rounds ran at ~1.7x the
         profile, k = 1 at ~1.5x and k = 3-4 at ~0.9-1.0x (trimmed), and k = 2, never observed, borrowed k = 1's
         factor; it was rated below both k = 1 and k = 3 and no 4-row round of six runs ran it. One width alone gives its
-        own factor; a line that falls with the profile (noise) gives the widths' pooled ratio."""
+        own factor; a line that falls with the profile (noise) gives the widths' pooled ratio, and its slope is at most
+        the smallest observed factor (the fixed part is not negative)."""
         cost = self.cost_for(regime.split("|", 1)[0])
         now = len(self.history)
         widths = [w for (r, b, w) in self.scale if r == regime and b == bucket and w != width]
@@ -496,6 +497,11 @@ class VerifyLengthPolicy:
         slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / spread if spread > 0 else -1.0
         if slope < 0:  # one width, or a line no cost curve has: the pooled ratio
             return mean_y / max(mean_x, 1e-12)
+        # the fixed part is not negative, so the proportional part is at most the smallest observed factor: two
+        # nearby widths met in a slow spell draw a steep line that prices the widest rounds far above them (trace D's
+        # profile, session 50: plain rounds at ~126 ms and k = 1 ones at ~175 ms, as in a slow spell of one repeat,
+        # put k = 4 at ~0.51 s on the free line and ~0.32 s on the bounded one)
+        slope = min(slope, min(f for _, f in points))
         seconds = mean_y + slope * (profiled - mean_x)
         return min(max(seconds / max(profiled, 1e-12), MIN_SCALE), MAX_SCALE)
 

@@ -240,6 +240,19 @@ def test_a_width_not_observed_is_read_off_the_line_through_the_observed_widths_s
     assert policy.best(8) == analytic_best(true_cost, accept, 8) == 2
 
 
+def test_the_line_s_proportional_part_is_at_most_the_smallest_observed_factor():
+    """Two nearby widths met in a slow spell (plain rounds at 1.7x the profile, k = 1 at 2.2x) draw a line that
+    would put width 5 at 2.5x its profile; a round's excess is a fixed part that is not negative plus a proportional
+    part, so the proportional part is at most 1.7: width 5 at 1.8x."""
+    profile = linear_table(0.0, 0.01)  # 8 rows: 0.08 s a width
+    policy = policy_with(profile, [0.9, 0.8, 0.5, 0.2], decay=1.0)
+    for k, factor in ((0, 1.7), (1, 2.2)):
+        policy.observe_round(k, [k] * 8, [0] * 8, draft_s=0.0, round_s=factor * profile.cost(8, k + 1), rows=8)
+    fixed = (1.7 * 0.08 + 2.2 * 0.16) / 2 - 1.7 * 0.12  # the line of slope 1.7 through the points' mean
+    assert policy.calibration(5, rows=8) == pytest.approx((fixed + 1.7 * 0.4) / 0.4)
+    assert policy.calibration(5, rows=8) < 2.0  # unclamped: slope 2.7, 1.0 s at width 5, 2.5x
+
+
 def test_a_stale_plain_width_follows_the_line_not_the_wider_widths_factor():
     """Pulled toward the factor of the widths observed since, a plain width's fixed share was lost: trace D,
     session 50, plain decoding was expected at 43-47 tokens/s where its rounds ran at 32."""
