@@ -598,8 +598,10 @@ class Run:
             "draft_s_by_drafter": {name: round(spent, 6) for name, spent in drafts.draft_s_by_drafter.items()},
             "shadow_by_drafter": dict(outcome.shadows),
             **({"arm": plan.arm} if self.phase is not None else {}),
-            # the verify length's expected tokens/s per k when it chose this round (diagnostics; none when held)
-            **({"scores": [round(x, 2) for x in plan.policy.scores]} if plan.policy is not None and plan.policy.scores
+            # the verify length's expected tokens/s per k when it chose this round, and the calibration each used
+            # (observed / profiled seconds: diagnostics; none when held)
+            **({"scores": [round(x, 2) for x in plan.policy.scores],
+                "factors": [round(x, 3) for x in plan.policy.factors]} if plan.policy is not None and plan.policy.scores
                else {}),
         })
 

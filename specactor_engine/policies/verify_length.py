@@ -427,6 +427,7 @@ class VerifyLengthPolicy:
     relax_rate: float = 0.1
     speculation_margin: float = 1.0  # the last choice's best expected rate at k > 0 over its rate at k = 0
     scores: tuple[float, ...] = ()  # the last choice's expected tokens/s per k (its best assignment's); () after hold()
+    factors: tuple[float, ...] = ()  # the calibration each of those rates used per k (`verify_factor`); () after hold()
     # regime -> the profile measured on that regime's threads (the engine: the drafter workers' arm runs the verifier
     # on fewer threads than plain decoding); a regime not named here is priced by `cost`. One profile for both
     # priced trace D's 4-row width-3 verify at 1.68x a width-1 round (measured on the verifier's one thread) where
@@ -509,10 +510,15 @@ class VerifyLengthPolicy:
                        methods: Sequence[str | None] | None = None) -> float:
         """Predicted seconds of a verify round (forward, sampling, host work) with k drafts per row (methods:
         each row's draft method; rounds of costly methods have their own calibration once observed)."""
+        return self.cost_for(regime).cost(rows, k + 1, context) * self.verify_factor(rows, k, regime, methods)
+
+    def verify_factor(self, rows: int, k: int, regime: str = "", methods: Sequence[str | None] | None = None) -> float:
+        """The calibration `verify_seconds` scales the profile by: the rounds of the costly methods in `methods` once
+        observed (`_calibration_regime`), else the regime's."""
         keyed = self._calibration_regime(regime, methods, rows) if k > 0 else None
         if keyed is None or not any(r == keyed for r, _, _ in self.scale):
             keyed = regime
-        return self.cost_for(regime).cost(rows, k + 1, context) * self.calibration(k + 1, keyed, rows)
+        return self.calibration(k + 1, keyed, rows)
 
     def packed_verify_seconds(self, rows: int, tokens: int, context: int | None = None, regime: str = "") -> float:
         """Predicted seconds of a packed verify round of `rows` rows and `tokens` real tokens (draft trimming:
@@ -696,6 +702,8 @@ class VerifyLengthPolicy:
 
         best = self.best(rows, context, regime, options, score)
         self.scores = tuple(score(j) for j in range(self.max_k + 1))
+        self.factors = tuple(self.verify_factor(rows, j, regime, options[option_at(j)[1]] if options else None)
+                             for j in range(self.max_k + 1))
         self.speculation_margin = max(self.scores[1:]) / max(self.scores[0], 1e-9)
         previous = self.current
         if self.current is None:
@@ -771,7 +779,7 @@ class VerifyLengthPolicy:
         intervals as a chosen plain round would, so probes come as many rounds apart; one that falls due runs at
         the next choice."""
         self.history.append(0)
-        self.expected, self.probing_first, self.scores = None, False, ()
+        self.expected, self.probing_first, self.scores, self.factors = None, False, (), ()
         if self.current == 0 and self.probe_deep:  # `_probe_target`: at k = 0 only max_k is probed
             self.rounds_since_probe += 1
         self.rounds_off_first += 1

@@ -57,6 +57,10 @@ def test_the_timeline_records_the_rates_each_choice_weighed(fp64_target):
     best = [max(range(K + 1), key=lambda k: (entry["scores"][k], -k)) for entry in rated]
     # the last round's cap is bounded by the tokens the rows have left
     assert [entry["cap"] for entry in rated[:-1]] == best[:-1] == [K] * (len(rated) - 1)
+    # and the calibration each rate used: none observed before the first round, then what the rounds took
+    assert all(len(entry["factors"]) == K + 1 for entry in rated)
+    assert rated[0]["factors"] == [1.0] * (K + 1)
+    assert all(factor > 0 for entry in rated for factor in entry["factors"]) and rated[-1]["factors"][K] != 1.0
 
 
 @pytest.mark.parametrize("shadow_rows", [0, 4])
