@@ -1017,10 +1017,10 @@ class VerifyLengthPolicy:
         alone moved between 2 and 3 with its acceptance. Toward the line, not toward the observed width's factor:
         plain rounds carry a fixed share that wider ones do not (session 50, trace D: plain 4-row rounds at ~1.7x the
         profile, k = 3-4 at ~1.0x), and pulled to the wider widths' factor, plain decoding was expected at 43-47
-        tokens/s where it ran at 32."""
+        tokens/s where it ran at 32 (session 49) and at 40-45 where it ran at 33 (session 50)."""
         regime, bucket, width = observed
         now = len(self.history)
-        for other in list(self.scale):
+        for other in self.scale:  # values change, keys do not
             if other[0] == regime and other[1] == bucket and other[2] != width and \
                     now - self.seen_at.get(other, -1) > self.stale_rounds:
                 share = self.decay * self.neighbour_share ** abs(other[2] - width)
