@@ -155,17 +155,34 @@ def oracle_facts(sequences: Sequence[SequenceFacts], max_k: int) -> DrafterFacts
 
 
 def load_run_outputs(run_dir: Path, reference: str = "ar") -> tuple[RunSpec, list[dict[str, Any]]]:
-    """The spec and outputs of the directory's first `reference` run (runs/<reference>-0.*)."""
+    """The spec and outputs of the directory's first `reference` run: runs/<reference>-0.json, its spec from
+    runs/<reference>-0.spec.json, or from a paired run's runs/paired-0.spec.json (one [system, spec] pair per
+    system of that repeat: `python -m benchmark --paired`)."""
     runs = run_dir / "runs"
     candidates = sorted(runs.glob(f"{reference}-*.spec.json"))
-    if not candidates:
-        raise FileNotFoundError(f"{runs}: no `{reference}` run (expected {reference}-0.spec.json and "
-                                f"{reference}-0.json from `python -m benchmark ... --out {run_dir}`)")
-    spec_path = candidates[0]
-    result_path = spec_path.with_name(spec_path.name.replace(".spec.json", ".json"))
-    spec = RunSpec.from_dict(json.loads(spec_path.read_text(encoding="utf-8")))
+    if candidates:
+        spec_path = candidates[0]
+        result_path = spec_path.with_name(spec_path.name.replace(".spec.json", ".json"))
+        spec = RunSpec.from_dict(json.loads(spec_path.read_text(encoding="utf-8")))
+    else:
+        result_path = runs / f"{reference}-0.json"
+        spec = _paired_spec(runs / "paired-0.spec.json", reference) if result_path.exists() else None
+        if spec is None:
+            raise FileNotFoundError(f"{runs}: no `{reference}` run (expected {reference}-0.spec.json, or a paired "
+                                    f"run's paired-0.spec.json naming it, and {reference}-0.json from `python -m "
+                                    f"benchmark ... --out {run_dir}`)")
     result = json.loads(result_path.read_text(encoding="utf-8"))
     return spec, result["sequences"]
+
+
+def _paired_spec(path: Path, system: str) -> RunSpec | None:
+    """`system`'s spec in a paired repeat's spec file (benchmark/paired.py), None when it is not there."""
+    if not path.exists():
+        return None
+    for name, spec in json.loads(path.read_text(encoding="utf-8")):
+        if name == system:
+            return RunSpec.from_dict(spec)
+    return None
 
 
 def gather(run_dir: Path, sources: Sequence[str], progress: Callable[[str], None] = print) -> Facts:
@@ -264,7 +281,10 @@ def _shape(drafter: Any) -> dict[str, int] | None:
         config["vocab_size"] = len(vocab.ids)
     shape = ModelShape.from_config(config)
     fc = getattr(drafter, "fc", None)
-    extra = sum(p.numel() for p in fc.parameters()) if fc is not None else 0
+    # the input projection: an nn.Linear, or a PackedLinear over its source linears (the CPU kernels' packing)
+    modules = getattr(fc, "modules", None)
+    sources = modules if isinstance(modules, list) else [fc] if fc is not None else []
+    extra = sum(p.numel() for m in sources for p in m.parameters())
     return {"params": shape.params + extra, "weight_bytes": shape.weight_bytes + 2 * extra,
             "kv_bytes_per_token": shape.kv_bytes_per_token}
 

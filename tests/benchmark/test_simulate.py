@@ -9,7 +9,9 @@ round-by-round statistics, and the clock against hand-computed charges.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -18,7 +20,7 @@ from typer.testing import CliRunner
 from benchmark.cli import app as bench_app
 from benchmark.simulate.costs import GPUS, CostModel, DraftCost, roofline_profile
 from benchmark.simulate.shapes import ModelShape
-from benchmark.simulate.facts import Facts, SequenceFacts, gather, oracle_facts
+from benchmark.simulate.facts import Facts, SequenceFacts, _shape, gather, load_run_outputs, oracle_facts
 from benchmark.simulate.replay import SimClock, replay
 from specactor_engine import clock
 from specactor_engine.policies.verify_length import CostProfile, CostTable
@@ -71,6 +73,44 @@ def test_facts_hold_every_sequence_and_source(bench_dir, facts):
     model = facts.drafters["trace"]
     assert model.shape is not None and model.calls and facts.drafters["suffix"].shape is None
     assert facts.cpu_profile is not None and facts.target_prefill_s_per_token > 0
+
+
+def test_facts_read_a_paired_runs_spec(bench_dir, tmp_path):
+    """`python -m benchmark --paired` writes one spec file per repeat, [[system, spec], ...], not one per system:
+    the simulator reads the `ar` run's spec from it (session 51: `--from` a paired D run stopped at "no `ar` run")."""
+    spec, outputs = load_run_outputs(bench_dir)
+    paired = tmp_path / "paired"
+    shutil.copytree(bench_dir / "runs", paired / "runs")
+    for path in (paired / "runs").glob("*.spec.json"):
+        path.unlink()
+    (paired / "runs" / "paired-0.spec.json").write_text(json.dumps([["coupled", spec.to_dict()],
+                                                                    ["ar", spec.to_dict()]]))
+    assert load_run_outputs(paired) == (spec, outputs)
+    (paired / "runs" / "paired-0.spec.json").write_text(json.dumps([["coupled", spec.to_dict()]]))
+    with pytest.raises(FileNotFoundError, match="no `ar` run"):
+        load_run_outputs(paired)
+
+
+def test_a_packed_input_projection_counts_in_a_feature_drafters_shape():
+    """The CPU kernels pack the feature-level drafter's input projection (`PackedLinear`, not an nn.Module): its
+    weights still count in the drafter's roofline shape (session 51: gathering a trace D run's facts with the
+    feature drafter failed on `PackedLinear.parameters`)."""
+    from transformers import LlamaConfig
+
+    from specactor_engine.model.packed_linear import PackedLinear
+
+    config = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1)
+    fc = torch.nn.Linear(32, 16, bias=False)
+
+    def drafter(projection):
+        return SimpleNamespace(model_free=False, runner=SimpleNamespace(model=SimpleNamespace(config=config)),
+                               vocab=None, fc=projection)
+
+    base = ModelShape.from_config(config.to_dict())
+    plain, packed = _shape(drafter(fc)), _shape(drafter(PackedLinear([fc])))
+    assert plain == packed
+    assert plain["params"] == base.params + 32 * 16
 
 
 def test_oracle_facts_accept_everything_left():
