@@ -10,7 +10,7 @@ from typing import Optional
 
 import typer
 
-from benchmark.simulate.costs import GPUS, CostModel, profile_costs, roofline_costs, table_costs
+from benchmark.simulate.costs import GPUS, CostModel, Disturbance, profile_costs, roofline_costs, table_costs
 from benchmark.simulate.facts import FACTS_FILE, Facts, gather
 from benchmark.simulate.report import (VALIDATED, measured_makespans, project, projection_markdown, replayable,
                                        rows_json, validate)
@@ -38,6 +38,31 @@ def _cost_model(spec: str, facts: Facts, overhead_ms: float | None) -> CostModel
             raise typer.BadParameter(f"{path}: no such cost table", param_hint="--cost")
         return table_costs(facts, path, gpu)
     raise typer.BadParameter(f"{spec!r}: expected cpu, roofline:GPU or table:PATH", param_hint="--cost")
+
+
+def _disturbance(width_factors: str | None, jitter: float, spells: str | None, seed: int) -> Disturbance | None:
+    """--width-factors, --jitter, --spells as a `Disturbance` (None: none asked)."""
+    if width_factors is None and not jitter and spells is None:
+        return None
+    try:
+        factors = tuple(float(f) for f in width_factors.split(",") if f.strip()) if width_factors else ()
+    except ValueError:
+        raise typer.BadParameter(f"{width_factors!r}: expected comma-separated numbers, e.g. 1.7,1.5,1.2",
+                                 param_hint="--width-factors") from None
+    every, rounds, scale = 0, 0, 1.0
+    if spells is not None:
+        parts = spells.split(",")
+        try:
+            every, rounds, scale = int(parts[0]), int(parts[1]), float(parts[2])
+            if len(parts) != 3:
+                raise ValueError
+        except (ValueError, IndexError):
+            raise typer.BadParameter(f"{spells!r}: expected EVERY,ROUNDS,SCALE, e.g. 150,10,2",
+                                     param_hint="--spells") from None
+    try:
+        return Disturbance(factors, jitter, every, rounds, scale, seed)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--width-factors/--spells") from None
 
 
 def _systems(option: str | None, run_dir: Path) -> list[str]:
@@ -78,9 +103,19 @@ def simulate(
     gather_facts: bool = typer.Option(False, "--gather", help="Gather the acceptance facts again (loads the "
                                       "models; done anyway when DIR has no facts.json)."),
     out: Optional[Path] = typer.Option(None, help="Write simulate.json / projection.md here (default: DIR)."),
+    width_factors: Optional[str] = typer.Option(None, help="Charge each verify width this factor of the profile, "
+                                                "unseen by the policy (comma-separated, width 1 first; the last "
+                                                "carries on), e.g. 1.7,1.5,1.2,1.0,0.95: trace D in a slow memory "
+                                                "state (docs/simulate.md 3.1)."),
+    jitter: float = typer.Option(0.0, min=0.0, help="Spread of each verify round's charge: a lognormal factor "
+                                 "with this sigma (0.15: +-15%)."),
+    spells: Optional[str] = typer.Option(None, help="EVERY,ROUNDS,SCALE: every EVERY-th verify starts ROUNDS "
+                                         "verifies charged SCALE x (slow spells), e.g. 150,10,2."),
+    seed: int = typer.Option(0, help="Seed of the jitter (replay i of each system draws the same stream)."),
 ) -> None:
     """Replay a recorded benchmark run under a cost model: acceptance facts from its outputs, the engine's
     own loop and policies on a simulated clock (docs/simulate.md)."""
+    disturbance = _disturbance(width_factors, jitter, spells, seed)  # a malformed option fails before any work
     if not (run_dir / "runs").is_dir():
         typer.echo(f"error: --from {run_dir}: no runs/ folder here (expected the --out folder of `python -m "
                    "benchmark` or `specactor bench`)", err=True)
@@ -108,6 +143,9 @@ def simulate(
         typer.echo(f"note: no facts for {', '.join(missing)}'s draft sources (run with --gather); left out")
     names = [s for s in names if s not in missing]
     costs = _cost_model(cost, facts, overhead_ms)
+    costs.disturbance = disturbance
+    if costs.disturbance is not None:
+        costs.notes.append(f"disturbed: {costs.disturbance}")
     target_dir = out or run_dir
     target_dir.mkdir(parents=True, exist_ok=True)
     header = {"from": str(run_dir), "cost": costs.name, "notes": costs.notes, "host_scale": host_scale}

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import bisect
 import json
+import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -56,6 +57,48 @@ GPUS: dict[str, Gpu] = {
 
 
 @dataclass
+class Disturbance:
+    """What a shared machine does to the verify rounds that a startup profile does not show
+    (`specactor simulate --width-factors --jitter --spells`): the policy still reads the profile, the clock charges
+    the profile's seconds times
+
+        width_factors[width - 1]  x  lognormal(0, jitter)  x  (spell_scale in a spell, else 1)
+
+    width_factors: each width's steady drift from the profile (the last one carries to wider widths). Trace D on
+    session 50's AMD EPYC, paired in its slow memory state: plain 4-row rounds at ~1.7x the profile, k = 1 at ~1.5x,
+    k = 3-4 at ~0.9-1.0x. jitter: a round's spread around that. Spells: every `spell_every`-th verify starts
+    `spell_rounds` verifies at `spell_scale` x (a slow memory state, another process). The draws are seeded per
+    replay (`restart`), so replay i of two systems meets the same noise stream as far as their rounds go alike."""
+
+    width_factors: tuple[float, ...] = ()
+    jitter: float = 0.0
+    spell_every: int = 0
+    spell_rounds: int = 0
+    spell_scale: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if any(f <= 0 for f in self.width_factors) or self.jitter < 0 or self.spell_scale <= 0 or \
+                self.spell_every < 0 or self.spell_rounds < 0:
+            raise ValueError(f"{self}: factors and the spell's scale must be positive, jitter and counts not negative")
+        self.restart(0)
+
+    def restart(self, replay: int) -> None:
+        """A fresh stream for replay number `replay` (of a system)."""
+        self._rng = random.Random(f"{self.seed}/{replay}")
+        self._calls = 0
+
+    def factor(self, width: int) -> float:
+        self._calls += 1
+        scale = self.width_factors[min(width, len(self.width_factors)) - 1] if self.width_factors else 1.0
+        if self.jitter:
+            scale *= self._rng.lognormvariate(0.0, self.jitter)
+        if self.spell_every and self._calls % self.spell_every < self.spell_rounds:
+            scale *= self.spell_scale
+        return scale
+
+
+@dataclass
 class CostModel:
     """verify(rows, width, context), prefill(tokens), draft(source, rows, k), draft_prefill(source, tokens)."""
 
@@ -64,9 +107,11 @@ class CostModel:
     prefill_s_per_token: float
     drafting: dict[str, "DraftCost"]
     notes: list[str] = field(default_factory=list)
+    disturbance: Disturbance | None = None  # charged on top of the profile's verify seconds, unseen by the policy
 
     def verify(self, rows: int, width: int, context: int) -> float:
-        return self.profile.cost(rows, width, context)
+        seconds = self.profile.cost(rows, width, context)
+        return seconds * self.disturbance.factor(width) if self.disturbance is not None else seconds
 
     def prefill(self, tokens: int) -> float:
         return tokens * self.prefill_s_per_token

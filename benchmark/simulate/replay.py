@@ -25,6 +25,7 @@ drafter worker processes (dynamic decoupling; the replay runs their modes in pro
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -350,8 +351,9 @@ def _warm_up(sampling: Any, vocab_size: int, rows: int, max_k: int) -> None:
 
 def replay(system: str, facts: Facts, costs: CostModel, max_batch_size: int | None = None,
            host_scale: float = 1.0, compact_vocab: bool = False, truth: list[list[int]] | None = None,
-           sampling_in_profile: bool = False) -> Replayed:
-    """Replay `system` on the facts' sequences under `costs` (module docstring).
+           sampling_in_profile: bool = False, number: int = 0) -> Replayed:
+    """Replay `system` on the facts' sequences under `costs` (module docstring); number: which replay of the system
+    this is (it seeds the cost model's disturbance, if any: `Disturbance.restart`).
 
     sampling_in_profile: the cost model's verify figure stands for the forward and its sampling (the clock
     pauses while the replay samples); False: for the forward alone (the sampling is run as host work).
@@ -369,6 +371,8 @@ def replay(system: str, facts: Facts, costs: CostModel, max_batch_size: int | No
     from specactor_engine.run import Run, SampleRecord
 
     v = variant(system)
+    if costs.disturbance is not None:
+        costs.disturbance.restart(number)
     trace = Trace.from_dict(facts.trace)
     sources = sources_of(system, facts)
     if v.mode != "ar" and not sources:
@@ -428,7 +432,8 @@ def calibrate_sampling(facts: Facts, costs: CostModel, measured_forward_s: float
     `verify_s`, the forward alone). The engine's profile times a forward and its sampling in isolation; on
     the bf16 traces of this machine the runs' forwards alone come out at that figure (P, so the sampling is
     extra), on the fp32 SmolLM2 trace at the figure less the sampling (P - S). Returns the reading and why."""
-    result = replay("ar", facts, costs, host_scale=0.0)  # verify_s: the charges alone
+    # verify_s: the profile's charges alone (a disturbance is what the runs add to the profile, not what it measures)
+    result = replay("ar", facts, dataclasses.replace(costs, disturbance=None), host_scale=0.0)
     charged, sampled = result.stats["verify_s"], result.sampling_s
     holds = abs(measured_forward_s - (charged - sampled)) < abs(measured_forward_s - charged)
     return holds, (f"`ar`: measured forwards {measured_forward_s:.1f} s; profile {charged:.1f} s, less its "

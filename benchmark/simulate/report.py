@@ -94,8 +94,8 @@ def validate(run_dir: Path, facts: Facts, costs: CostModel, systems: Sequence[st
         # prefix it committed, and its facts along `ar`'s outputs stand for its own (a near-tie of the target
         # moves the outputs, not how well a drafter follows them)
         truth = own_outputs(run_dir, name, facts) if variant(name).needs_reference else None
-        results = sorted((replay(name, facts, costs, truth=truth, sampling_in_profile=holds)
-                          for _ in range(max(replays, 1))),
+        results = sorted((replay(name, facts, costs, truth=truth, sampling_in_profile=holds, number=i)
+                          for i in range(max(replays, 1))),
                          key=lambda r: r.makespan_s)
         if not all(r.identical for r in results):
             raise RuntimeError(f"{name}: the replay emitted other tokens than the run (a replay bug)")

@@ -18,7 +18,7 @@ import torch
 from typer.testing import CliRunner
 
 from benchmark.cli import app as bench_app
-from benchmark.simulate.costs import GPUS, CostModel, DraftCost, roofline_profile
+from benchmark.simulate.costs import GPUS, CostModel, DraftCost, Disturbance, roofline_profile
 from benchmark.simulate.shapes import ModelShape
 from benchmark.simulate.facts import Facts, SequenceFacts, _shape, gather, load_run_outputs, oracle_facts
 from benchmark.simulate.replay import SimClock, replay
@@ -195,6 +195,33 @@ def test_roofline_is_memory_bound_at_few_rows_and_compute_bound_at_many():
     overhead = GPUS["h100"].overhead_s
     # 1280 tokens are past the ridge (~300): the forward grows with them; 80 are not
     assert profile.cost(256, 5, 128) - overhead > 4 * (profile.cost(16, 5, 128) - overhead)
+
+
+def test_a_disturbance_charges_the_clock_its_factors_and_a_seeded_stream_per_replay(facts):
+    """`--width-factors/--jitter/--spells`: the clock is charged the profile's seconds times the disturbance; the
+    same replay number draws the same stream, another number another one."""
+    base = replay("ar", facts, flat_costs(facts, verify_s=0.01), max_batch_size=4, host_scale=0.0)
+    prefill = base.makespan_s - base.rounds * 0.01
+    slow = flat_costs(facts, verify_s=0.01)
+    slow.disturbance = Disturbance(width_factors=(2.0, 1.0))  # `ar` verifies width 1 only
+    assert replay("ar", facts, slow, max_batch_size=4, host_scale=0.0).makespan_s == \
+        pytest.approx(prefill + base.rounds * 0.02, rel=1e-9)
+    spelled = flat_costs(facts, verify_s=0.01)
+    spelled.disturbance = Disturbance(spell_every=4, spell_rounds=1, spell_scale=3.0)  # verifies 4, 8, ... at 3x
+    assert replay("ar", facts, spelled, max_batch_size=4, host_scale=0.0).makespan_s == \
+        pytest.approx(prefill + 0.01 * (base.rounds + 2 * (base.rounds // 4)), rel=1e-9)
+    noisy = flat_costs(facts, verify_s=0.01)
+    noisy.disturbance = Disturbance(jitter=0.2, seed=7)
+    first, again, other = (replay("ar", facts, noisy, max_batch_size=4, host_scale=0.0, number=n).makespan_s
+                           for n in (0, 0, 1))
+    assert first == again and first != other and first != base.makespan_s
+    with pytest.raises(ValueError):
+        Disturbance(width_factors=(1.0, 0.0))
+
+
+def test_cli_rejects_a_malformed_spell():
+    result = CliRunner().invoke(_app(), ["simulate", "--from", ".", "--validate", "--spells", "150,10"])
+    assert result.exit_code == 2 and "--spells" in result.output and "EVERY,ROUNDS,SCALE" in result.output
 
 
 def test_draft_cost_interpolates_between_measured_rows():
