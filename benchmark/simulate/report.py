@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -31,6 +31,8 @@ class ValidationRow:
     error: float  # (predicted - measured) / measured
     replayed: Replayed  # the median replay
     replays: list[float]  # every replay's makespan, ascending
+    by_number: list[float] = field(default_factory=list)  # the same in replay order: replay i of every system drew
+    # the same disturbance stream (`Disturbance.restart`), so systems compare replay by replay
 
     def line(self) -> str:
         return (f"{self.system:<16} measured {self.measured_s:7.1f} s  predicted {self.predicted_s:7.1f} s  "
@@ -94,15 +96,15 @@ def validate(run_dir: Path, facts: Facts, costs: CostModel, systems: Sequence[st
         # prefix it committed, and its facts along `ar`'s outputs stand for its own (a near-tie of the target
         # moves the outputs, not how well a drafter follows them)
         truth = own_outputs(run_dir, name, facts) if variant(name).needs_reference else None
-        results = sorted((replay(name, facts, costs, truth=truth, sampling_in_profile=holds, number=i)
-                          for i in range(max(replays, 1))),
-                         key=lambda r: r.makespan_s)
+        in_order = [replay(name, facts, costs, truth=truth, sampling_in_profile=holds, number=i)
+                    for i in range(max(replays, 1))]
+        results = sorted(in_order, key=lambda r: r.makespan_s)
         if not all(r.identical for r in results):
             raise RuntimeError(f"{name}: the replay emitted other tokens than the run (a replay bug)")
         result = results[len(results) // 2]
         rows.append(ValidationRow(name, measured[name], result.makespan_s,
                                   (result.makespan_s - measured[name]) / measured[name], result,
-                                  [r.makespan_s for r in results]))
+                                  [r.makespan_s for r in results], [r.makespan_s for r in in_order]))
     return rows
 
 
@@ -155,5 +157,5 @@ def rows_json(rows: list[ValidationRow]) -> list[dict[str, Any]]:
         replayed = asdict(r.replayed)
         replayed.pop("stats", None)
         out.append({"system": r.system, "measured_s": r.measured_s, "predicted_s": r.predicted_s, "error": r.error,
-                    "replays_s": r.replays, **{k: v for k, v in replayed.items() if k != "system"}})
+                    "replays_s": r.replays, "replays_by_number_s": r.by_number, **{k: v for k, v in replayed.items() if k != "system"}})
     return out

@@ -241,6 +241,7 @@ def test_cli_validate_prints_a_line_per_system_and_the_max_error(bench_dir, fact
     assert {r["system"] for r in saved["validation"]} == set(SYSTEMS)
     for row in saved["validation"]:
         assert len(row["replays_s"]) == 2 and min(row["replays_s"]) <= row["predicted_s"] <= max(row["replays_s"])
+        assert sorted(row["replays_by_number_s"]) == row["replays_s"]  # the same replays, in replay order
 
 
 def test_cli_projects_on_a_roofline_gpu(bench_dir, facts, tmp_path):
