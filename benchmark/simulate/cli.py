@@ -53,10 +53,10 @@ def _disturbance(width_factors: str | None, jitter: float, spells: str | None, s
     if spells is not None:
         parts = spells.split(",")
         try:
-            every, rounds, scale = int(parts[0]), int(parts[1]), float(parts[2])
             if len(parts) != 3:
                 raise ValueError
-        except (ValueError, IndexError):
+            every, rounds, scale = int(parts[0]), int(parts[1]), float(parts[2])
+        except ValueError:
             raise typer.BadParameter(f"{spells!r}: expected EVERY,ROUNDS,SCALE, e.g. 150,10,2",
                                      param_hint="--spells") from None
     try:

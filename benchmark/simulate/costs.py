@@ -76,6 +76,8 @@ class Disturbance:
     spell_rounds: int = 0
     spell_scale: float = 1.0
     seed: int = 0
+    _rng: random.Random = field(init=False, repr=False, compare=False)
+    _calls: int = field(init=False, repr=False, compare=False)  # verifies charged in this replay
 
     def __post_init__(self) -> None:
         if any(f <= 0 for f in self.width_factors) or self.jitter < 0 or self.spell_scale <= 0 or \

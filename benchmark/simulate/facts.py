@@ -281,9 +281,10 @@ def _shape(drafter: Any) -> dict[str, int] | None:
         config["vocab_size"] = len(vocab.ids)
     shape = ModelShape.from_config(config)
     fc = getattr(drafter, "fc", None)
+    from specactor_engine.model.packed_linear import PackedLinear
+
     # the input projection: an nn.Linear, or a PackedLinear over its source linears (the CPU kernels' packing)
-    modules = getattr(fc, "modules", None)
-    sources = modules if isinstance(modules, list) else [fc] if fc is not None else []
+    sources = fc.modules if isinstance(fc, PackedLinear) else [fc] if fc is not None else []
     extra = sum(p.numel() for m in sources for p in m.parameters())
     return {"params": shape.params + extra, "weight_bytes": shape.weight_bytes + 2 * extra,
             "kv_bytes_per_token": shape.kv_bytes_per_token}
