@@ -30,6 +30,7 @@ from specactor_engine.config import (
     SuffixDrafterConfig,
 )
 from specactor_engine.drafters import Drafter
+from specactor_engine.kernels import int8_linear as int8_kernel
 from specactor_engine.model.quantize import int8_supported
 from specactor_engine.types import Request
 
@@ -39,7 +40,8 @@ WORKER_START_TIMEOUT_S = 600
 # Where a variant's drafts come from. "trace": the trace's draft model in process (the n-gram drafter
 # when the trace has none); "model": the trace's draft model in process as `specactor` drafts with it (int8
 # weights and a compact head where this torch build quantizes), left out when the trace has none;
-# "feature": the trained feature-level drafter given with --feature-drafter, left out when none is;
+# "feature": the trained feature-level drafter given with --feature-drafter, left out when none is (int8 weights
+# where the engine's int8 kernel runs: half a bf16 draft step's bytes, bench/session52);
 # "suffix", "ngram": those config drafters; "oracle": the reference run's own outputs, not a config kind:
 # the oracle system hands it to the engine itself (benchmark/oracle.py).
 DraftSource = Literal["trace", "model", "feature", "suffix", "ngram", "oracle"]
@@ -64,6 +66,7 @@ class EngineVariant:
     workers: bool = False
     cpu_kernels: bool = True
     trimming: bool | None = None  # rollout.draft_trimming (policies/draft_trim.py); None: the config's default (on)
+    float_feature: bool = False  # the feature drafter drafts in the target's dtype even where int8 runs
 
     @property
     def needs_reference(self) -> bool:
@@ -93,6 +96,9 @@ ENGINE_VARIANTS: tuple[EngineVariant, ...] = (
     EngineVariant("coupled-feature", "coupled", "The feature-level drafter given with --feature-drafter alone (one "
                   "decoder layer over the target's hidden states, EAGLE-style), dynamic verify length.",
                   ("feature",), "dynamic"),
+    EngineVariant("coupled-feature-float", "coupled", "`coupled-feature` drafting in the target's dtype where "
+                  "`coupled-feature` drafts on int8 weights: what int8 drafting buys and costs in acceptance.",
+                  ("feature",), "dynamic", float_feature=True),
     EngineVariant("coupled-feature-untrimmed", "coupled", "`coupled-feature` without draft trimming "
                   "(rollout.draft_trimming=false: every drafted position is verified).",
                   ("feature",), "dynamic", trimming=False),
@@ -123,7 +129,7 @@ def engine_config(variant: EngineVariant, spec: RunSpec) -> SpecActorConfig:
     target = str(resolve_local(spec.target, spec.dtype))
     fields: dict[str, Any] = {"decoupled": _worker_settings(variant, spec)}
     if not variant.needs_reference:
-        fields["drafters"] = [_drafter_config(source, spec) for source in variant.drafters
+        fields["drafters"] = [_drafter_config(source, spec, variant.float_feature) for source in variant.drafters
                               if (source != "model" or spec.drafter is not None)
                               and (source != "feature" or spec.feature_drafter is not None)]
     rollout = RolloutConfig(mode=variant.mode, num_draft_tokens=spec.num_draft_tokens,
@@ -136,8 +142,9 @@ def engine_config(variant: EngineVariant, spec: RunSpec) -> SpecActorConfig:
                            rollout=rollout, threads=spec.threads)
 
 
-def _drafter_config(source: DraftSource, spec: RunSpec) -> DrafterConfig:
-    """The config drafter behind one draft source of a row."""
+def _drafter_config(source: DraftSource, spec: RunSpec, float_feature: bool = False) -> DrafterConfig:
+    """The config drafter behind one draft source of a row (float_feature: the feature drafter in the target's dtype
+    where it would draft in int8)."""
     if source == "suffix":
         return SuffixDrafterConfig()
     if source == "model" and spec.drafter is not None:  # drafting that costs little (docs/architecture.md 13)
@@ -146,7 +153,8 @@ def _drafter_config(source: DraftSource, spec: RunSpec) -> DrafterConfig:
                                   dtype="float32" if cheap else spec.dtype, quantize="int8" if cheap else "none",
                                   draft_vocab=CHEAP_DRAFT_VOCAB)
     if source == "feature" and spec.feature_drafter is not None:
-        return FeatureDrafterConfig(path=spec.feature_drafter)
+        cheap = int8_kernel.available() and not float_feature  # torch's own int8 linear loses acceptance (session 34)
+        return FeatureDrafterConfig(path=spec.feature_drafter, quantize="int8" if cheap else "none")
     if source == "trace" and spec.drafter is not None:
         return ModelDrafterConfig(model=str(resolve_local(spec.drafter, spec.dtype)), dtype=spec.dtype)
     if source in ("trace", "ngram"):

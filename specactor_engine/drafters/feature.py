@@ -29,11 +29,14 @@ from specactor_engine.drafters.model import fitting_batches, prefill_prompts
 from specactor_engine.model.draft_vocab import GrowingVocab, load_draft_vocab
 from specactor_engine.model.feature_draft import FeatureDraftModel
 from specactor_engine.model.packed_linear import PackedLinear, packing_supported
-from specactor_engine.model.quantize import quantize_int8
 from specactor_engine.model.runner import ModelRunner, tensor_bytes
 from specactor_engine.model.weights import load_named_weights
 from specactor_engine.state import SequenceState
 from specactor_engine.types import DraftProposal
+
+
+# quantize "int8": the projections drafted in int8 (model/runner.py PROJECTIONS); the others keep the model's dtype
+INT8_PROJECTIONS = ("o", "gate_up", "down")
 
 
 @register_drafter("feature")
@@ -80,16 +83,20 @@ class FeatureDrafter(Drafter):
         return FeatureDraftModel.load(self.path, target) if self.path else FeatureDraftModel(target)
 
     def _build_runner(self) -> None:
+        """The drafting runner, fc and head over the current weights. quantize "int8": the layer's MLP and output
+        projection run in per-channel int8 (`ModelRunner(int8_projections=...)`, 83% of the layer's weights at
+        Qwen2.5-1.5B's shapes), q/k/v, fc and the head in the model's dtype: int8 rows of their inputs, whose outlier
+        channels set the row's scale, lost trace D's acceptance (bench/session52)."""
         assert self.target is not None and self.model is not None, "bind_target first"
         target_model = self.target.model
-        drafting = quantize_int8(self.model) if self.quantize == "int8" else self.model
-        self.runner = ModelRunner(drafting, packed_linear=self.quantize == "none")
+        int8 = self.quantize == "int8"
+        self.runner = ModelRunner(self.model, packed_linear=True, int8_projections=INT8_PROJECTIONS if int8 else ())
         self.embed = target_model.get_input_embeddings()
         # fc [2d -> d] runs once per draft step: oneDNN-packed like the layer's linears where they are
-        packed = self.quantize == "none" and packing_supported(self.runner.dtype, self.runner.device)
-        self.fc = PackedLinear([drafting.fc]) if packed else drafting.fc
+        packed = packing_supported(self.runner.dtype, self.runner.device)
+        self.fc = PackedLinear([self.model.fc]) if packed else self.model.fc
         # with the full vocabulary, the target's own head module (shared, not copied)
-        self.head = DraftHead(lambda: target_model.lm_head.weight, self.vocab, self.quantize, self.target_vocab_size,
+        self.head = DraftHead(lambda: target_model.lm_head.weight, self.vocab, "none", self.target_vocab_size,
                               full_head=target_model.lm_head)
         scale = self.temperature_scale_wanted
         self.temperature_scale = float(scale if scale is not None else getattr(self.model, "temperature_scale", 1.0))

@@ -80,8 +80,10 @@ class Int8PackedLinear(PackedLinear):
             self._weight = int8_linear(*self._fused())
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """x [..., K] (computed in float32) -> [..., sum N_i] in x's dtype (a bf16 layer's int8 projections)."""
         self._repack_if_changed()
-        return self._weight(x)
+        y = self._weight(x)
+        return y if y.dtype == x.dtype else y.to(x.dtype)
 
     def nbytes(self) -> int:
         """Bytes a call streams: one byte a weight, a float32 scale a column and the bias."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -108,16 +108,23 @@ def load_hf_model(path: str | Path, dtype: str, device: str = "cpu") -> nn.Modul
     return model.to(device).eval().requires_grad_(False)
 
 
+PROJECTIONS = ("qkv", "o", "gate_up", "down")
+
+
 class _LayerProjections:
     """One decoder layer's linears, fused where they share an input and packed for oneDNN (`kind` PackedLinear) or
-    quantized to int8 (Int8PackedLinear)."""
+    quantized to int8 (Int8PackedLinear); the projections named in `int8` are int8 whatever `kind` is."""
 
-    def __init__(self, layer: nn.Module, kind: type[PackedLinear] = PackedLinear) -> None:
+    def __init__(self, layer: nn.Module, kind: type[PackedLinear] = PackedLinear, int8: Sequence[str] = ()) -> None:
         attn, mlp = layer.self_attn, layer.mlp
-        self.qkv = kind([attn.q_proj, attn.k_proj, attn.v_proj])
-        self.o = kind([attn.o_proj])
-        self.gate_up = kind([mlp.gate_proj, mlp.up_proj])
-        self.down = kind([mlp.down_proj])
+
+        def make(name: str, linears: list[nn.Module]) -> PackedLinear:
+            return (Int8PackedLinear if name in int8 else kind)(linears)
+
+        self.qkv = make("qkv", [attn.q_proj, attn.k_proj, attn.v_proj])
+        self.o = make("o", [attn.o_proj])
+        self.gate_up = make("gate_up", [mlp.gate_proj, mlp.up_proj])
+        self.down = make("down", [mlp.down_proj])
         self.act = mlp.act_fn
 
     def linears(self) -> tuple[PackedLinear, ...]:
@@ -137,6 +144,10 @@ class ModelRunner:
     vocabulary, whose logits are then [..., N] for its N tokens); it may be replaced between forwards.
     int8: the linears (and the model's own head) as per-channel int8 over the float32 model's weights, fused like
     the packed ones (model/quantize.py `Int8PackedLinear`): a draft model's cheap steps, with no copy of the model.
+    int8_projections: of `PROJECTIONS`, those run in int8 while the others stay packed in the model's dtype (float32
+    or bfloat16 on a CPU that packs it; their outputs come back in that dtype): a feature-level drafter quantizes
+    its MLP and output projection, whose inputs int8 per row keeps, and not q/k/v, whose inputs' outlier channels it
+    does not (bench/session52).
     record_features: keep every position's normalised final hidden state in the cache (`KVCache.features`),
     for a feature-level drafter (set before `allocate`; `record_features()` turns it on later).
     With paged_attention on, a CPU model whose layers allow it (`fusable_layers`) also runs each layer's
@@ -145,7 +156,7 @@ class ModelRunner:
 
     def __init__(self, model: nn.Module, num_slots: int = 0, max_len: int = 0, packed_linear: bool = True,
                  paged_attention: bool = True, head: nn.Module | None = None, record_features: bool = False,
-                 int8: bool = False) -> None:
+                 int8: bool = False, int8_projections: Sequence[str] = ()) -> None:
         config = model.config
         self.recording = record_features
         self.model = model
@@ -161,9 +172,16 @@ class ModelRunner:
         if int8 and self.dtype != torch.float32:
             raise ValueError(f"int8 drafting quantizes a float32 model, got {self.dtype}: set the drafter's dtype to "
                              "float32")
-        packed = int8 or (packed_linear and packing_supported(self.dtype, self.device))
+        unknown = set(int8_projections) - set(PROJECTIONS)
+        if unknown:
+            raise ValueError(f"int8_projections: {sorted(unknown)} are not projections (expected some of {PROJECTIONS})")
+        if int8_projections and not int8 and not packing_supported(self.dtype, self.device):
+            raise ValueError(f"int8_projections runs the other projections packed, which {self.dtype} on "
+                             f"{self.device.type} is not: use float32 or bfloat16 on a CPU")
+        packed = int8 or bool(int8_projections) or (packed_linear and packing_supported(self.dtype, self.device))
         kind = Int8PackedLinear if int8 else PackedLinear
-        self.projections = [_LayerProjections(layer, kind) for layer in model.model.layers] if packed else None
+        self.projections = [_LayerProjections(layer, kind, int8_projections) for layer in model.model.layers] \
+            if packed else None
         self._packed = packed and not int8  # the model's own head packed for oneDNN too
         self.int8 = int8
         self.paged_attention = paged_attention and self.device.type == "cpu"
@@ -402,7 +420,14 @@ class ModelRunner:
         inner = self.model.model
         head = self.head if self.head is not None else getattr(self.model, "lm_head", None)
         if not self.int8:
-            return tensor_bytes(inner.layers, inner.norm, head)
+            quantized = [linear for layer in self.projections or [] for linear in layer.linears()
+                         if isinstance(linear, Int8PackedLinear)]  # int8_projections: their bytes for their sources'
+            if not quantized:
+                return tensor_bytes(inner.layers, inner.norm, head)
+            sources = {id(m) for linear in quantized for m in linear.modules}
+            rest = [sub for layer in inner.layers for sub in layer.modules()
+                    if id(sub) not in sources and not list(sub.children())]
+            return sum(linear.nbytes() for linear in quantized) + tensor_bytes(*rest, inner.norm, head)
         # int8: the projections' bytes, of the layers' float modules only those that are no linear (the norms)
         linears = [linear for layer in self.projections or [] for linear in layer.linears()]
         if self.head is None and type(head) is nn.Linear:  # the model's own head runs in int8 too (`_lm_head`)

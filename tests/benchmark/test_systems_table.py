@@ -25,6 +25,7 @@ EXPECTED = {
     "coupled-cheap": ("coupled", ["model"], None, "dynamic", False, True),
     "coupled-cheap-untrimmed": ("coupled", ["model"], None, "dynamic", False, True),  # without draft trimming
     "coupled-feature": ("coupled", None, None, "dynamic", False, True),  # needs --feature-drafter (own test)
+    "coupled-feature-float": ("coupled", None, None, "dynamic", False, True),  # the same, drafting in float
     "coupled-feature-untrimmed": ("coupled", None, None, "dynamic", False, True),  # the same, without trimming
     "decoupled": ("decoupled", [], None, "dynamic", True, True),
     "specactor": ("specactor", ["model", "suffix", "ngram"], ["suffix", "ngram"], "dynamic", True, True),
@@ -52,8 +53,8 @@ def specs(tmp_path: Path) -> dict[bool, RunSpec]:
 
 def test_every_system_name_is_registered_in_order():
     assert list(SYSTEMS) == ["hf", "ar", "ar-torch", "coupled", "coupled-dynamic", "coupled-suffix", "coupled-ngram",
-                             "coupled-cheap", "coupled-cheap-untrimmed", "coupled-feature", "coupled-feature-untrimmed",
-                             "decoupled", "specactor", "specactor-untrimmed", "oracle", "oracle-dynamic", "vllm", "vllm-spec", "vllm-ngram"]
+                             "coupled-cheap", "coupled-cheap-untrimmed", "coupled-feature", "coupled-feature-float",
+                             "coupled-feature-untrimmed", "decoupled", "specactor", "specactor-untrimmed", "oracle", "oracle-dynamic", "vllm", "vllm-spec", "vllm-ngram"]
     assert [name for name, entry in SYSTEMS.items() if entry.needs_reference] == ["oracle", "oracle-dynamic"]
     assert system_unavailable("ar") is None and system_unavailable("nothing") is None
 
@@ -117,6 +118,24 @@ def test_a_feature_drafter_joins_specactor_and_is_coupled_feature_s_only_method(
     untrimmed = engine_config(by_name["coupled-feature-untrimmed"], spec).rollout
     assert [(d.kind, d.path) for d in untrimmed.drafters] == [("feature", str(tmp_path / "fd"))]
     assert not untrimmed.draft_trimming and engine_config(by_name["coupled-feature"], spec).rollout.draft_trimming
+
+
+def test_the_feature_drafter_drafts_in_int8_where_the_engine_s_kernel_runs(specs, tmp_path):
+    """`coupled-feature` and `specactor` draft with the feature drafter on int8 weights where the engine's own int8
+    kernel runs (torch's dynamic int8 linear lost acceptance, session 34), `coupled-feature-float` in the target's
+    dtype everywhere."""
+    import dataclasses
+
+    from specactor_engine.kernels import int8_linear as int8_kernel
+
+    by_name = {v.name: v for v in ENGINE_VARIANTS}
+    spec = dataclasses.replace(specs[True], feature_drafter=str(tmp_path / "fd"))
+    want = "int8" if int8_kernel.available() else "none"
+    for name in ("coupled-feature", "specactor"):
+        feature = [d for d in engine_config(by_name[name], spec).rollout.drafters if d.kind == "feature"]
+        assert [d.quantize for d in feature] == [want], name
+    floating = engine_config(by_name["coupled-feature-float"], spec).rollout.drafters
+    assert [(d.kind, d.quantize) for d in floating] == [("feature", "none")]
 
 
 def test_vllm_speculation_follows_the_row(specs):

@@ -219,6 +219,40 @@ def test_an_int8_runner_computes_the_float_models_logits_from_a_quarter_of_the_b
     assert runners[1].step_bytes() < runners[0].step_bytes() - 2.5 * linears
 
 
+@needs_int8
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_runner_with_some_projections_in_int8_keeps_the_others_and_the_model_s_dtype(dtype):
+    """ModelRunner(int8_projections=("o", "gate_up", "down")): those run on int8 weights and hand back the model's
+    dtype, q/k/v stay packed in it; the logits lie near the plain runner's and a step reads fewer bytes. A name that
+    is no projection, or a dtype the others cannot be packed in, is refused."""
+    from specactor_engine.model.packed_linear import PackedLinear, packing_supported
+
+    if not packing_supported(dtype, torch.device("cpu")):
+        pytest.skip(f"this CPU does not pack {dtype}")
+    model = make_tiny_model("llama", seed=3, num_layers=2, hidden=128, dtype=dtype, init_range=0.05)
+    plain, mixed = ModelRunner(model), ModelRunner(model, int8_projections=("o", "gate_up", "down"))
+    layer = mixed.projections[0]
+    assert isinstance(layer.o, Int8PackedLinear) and isinstance(layer.down, Int8PackedLinear)
+    assert type(layer.qkv) is PackedLinear and type(plain.projections[0].o) is PackedLinear
+    tokens, slots = torch.tensor([[5, 9, 17, 33, 2, 8], [40, 41, 42, 43, 44, 45]]), torch.arange(2)
+    logits = []
+    for runner in (plain, mixed):
+        runner.allocate(2, 16)
+        logits.append(runner.forward(tokens, slots))
+    assert logits[1].dtype == dtype
+    reference, quantized = (x.float() for x in logits)
+    assert float((quantized - reference).norm() / reference.norm()) < 0.1
+    int8_weights = sum(p.numel() for layer in model.model.layers for name in ("o_proj", "gate_proj", "up_proj",
+                                                                              "down_proj")
+                       for p in (getattr(layer.self_attn, name, None) or getattr(layer.mlp, name)).parameters())
+    saved = plain.step_bytes() - mixed.step_bytes()
+    assert (torch.finfo(dtype).bits // 8 - 1.1) * int8_weights < saved < (torch.finfo(dtype).bits // 8) * int8_weights
+    with pytest.raises(ValueError, match="not projections"):
+        ModelRunner(model, int8_projections=("mlp",))
+    with pytest.raises(ValueError, match="float32 or bfloat16"):
+        ModelRunner(make_tiny_model("llama", seed=1, num_layers=1, dtype=torch.float64), int8_projections=("down",))
+
+
 def test_a_model_drafter_that_fell_behind_catches_up_apart_and_drafts_the_same():
     """Rounds drafted by other methods leave the model's KV behind; its next propose feeds those tokens in a
     forward of its own, timed as `catch_up_s` (a switching cost the verify length does not weigh as the

@@ -202,3 +202,62 @@ def test_a_float32_drafter_s_fc_is_packed_and_follows_its_weights():
         torch.testing.assert_close(drafter._inputs(tokens, prev), drafter.model.inputs(embeds, prev))
         drafter.model.fc.weight.mul_(-0.5)
         torch.testing.assert_close(drafter._inputs(tokens, prev), drafter.model.inputs(embeds, prev))
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_int8_drafting_stays_exact_and_keeps_most_drafts(temperature):
+    """quantize: int8 runs the layer's MLP and output projection on int8 weights. The one-layer drafter that computes
+    the target's own features (above: every draft accepted) keeps most of its drafts accepted, output equals plain
+    decoding (float32), and the model it trains stays as it was."""
+    from specactor_engine.model.quantize import Int8PackedLinear
+
+    one_layer = make_tiny_model("llama", seed=5, num_layers=1, dtype=torch.float32)
+    model = FeatureDraftModel(one_layer)
+    d = one_layer.config.hidden_size
+    with torch.no_grad():
+        model.fc.weight.zero_()
+        model.fc.weight[:, :d] = torch.eye(d)
+    before = {name: t.clone() for name, t in model.state_dict().items()}
+    params = sampling(temperature, n=2, max_new_tokens=26, ignore_eos=True)
+    reference = token_ids(run(one_layer, ragged_requests(4), params))
+    drafter = feature_drafter(one_layer, model, quantize="int8")
+    result = engine_with(one_layer, [drafter]).generate(ragged_requests(4), params)
+    assert token_ids(result) == reference
+    assert isinstance(drafter.runner.projections[0].down, Int8PackedLinear)
+    assert all(torch.equal(t, before[name]) for name, t in model.state_dict().items())
+    assert result.stats.drafted_tokens > 0 and result.stats.acceptance_rate > 0.5  # float: 1.0; broken: ~0
+
+
+def _first_logits(drafter: FeatureDrafter, tokens: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
+    """The drafter's logits after feeding `tokens` [1, T] with features `prev` [1, T, d] from an empty cache: [V]."""
+    drafter.runner.allocate(1, 16)
+    x = drafter._inputs(tokens, prev)
+    return drafter.runner.forward(tokens, torch.tensor([0]), embeds=x, logits_at="last")[0].float()
+
+
+def test_int8_drafting_over_a_bfloat16_target_tracks_the_float_drafter_and_its_weight_updates():
+    """Over a bf16 target (trace D's) the int8 drafter's logits stay within int8's error of the bf16 drafter's, and
+    a weight update reaches its int8 projections."""
+    from specactor_engine.model.packed_linear import packing_supported
+
+    if not packing_supported(torch.bfloat16, torch.device("cpu")):
+        pytest.skip("this CPU does not pack bfloat16")
+    target16 = make_tiny_model("qwen2", seed=3, num_layers=2, dtype=torch.bfloat16)
+    model = FeatureDraftModel(target16)
+    runner = ModelRunner(target16, record_features=True)
+    quantized, plain = feature_drafter(target16, model, quantize="int8"), feature_drafter(target16, model)
+    quantized.bind_target(runner)
+    plain.bind_target(runner)
+    d = target16.config.hidden_size
+    tokens = torch.tensor([[3, 9, 27, 81]])
+    prev = torch.randn(1, 4, d, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    before = _first_logits(plain, tokens, prev)
+    torch.testing.assert_close(_first_logits(quantized, tokens, prev), before, atol=0.05 * before.abs().max().item(),
+                               rtol=0)
+    mlp = model.layer.mlp.down_proj.weight
+    update = {"model.layers.0.mlp.down_proj.weight": -2 * mlp.detach().clone()}
+    quantized.update_weights(update.items(), version=1)
+    after = _first_logits(plain, tokens, prev)
+    assert (after - before).abs().max() > 0.2 * before.abs().max()  # the update moved the drafts
+    torch.testing.assert_close(_first_logits(quantized, tokens, prev), after, atol=0.05 * after.abs().max().item(),
+                               rtol=0)
