@@ -82,7 +82,7 @@ class Int8PackedLinear(PackedLinear):
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., K] (computed in float32) -> [..., sum N_i] in x's dtype (a bf16 layer's int8 projections)."""
         self._repack_if_changed()
-        y = self._weight(x)
+        y = self._weight(x if x.dtype == torch.float32 else x.float())  # torch's dynamic int8 linear takes float32 only
         return y if y.dtype == x.dtype else y.to(x.dtype)
 
     def nbytes(self) -> int:

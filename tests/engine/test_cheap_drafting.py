@@ -253,6 +253,27 @@ def test_a_runner_with_some_projections_in_int8_keeps_the_others_and_the_model_s
         ModelRunner(make_tiny_model("llama", seed=1, num_layers=1, dtype=torch.float64), int8_projections=("down",))
 
 
+@needs_int8
+@pytest.mark.parametrize("kernel", [True, False])
+def test_int8_projections_take_a_bfloat16_input_on_either_int8_path(kernel, monkeypatch):
+    """A bf16 layer's int8 projection (`int8_projections`) hands its input to the engine's kernel or, on CPUs without
+    AVX-512 VNNI, to torch's dynamic int8 linear, which takes float32 only: both return the input's dtype, near the
+    float result."""
+    from specactor_engine.kernels import int8_linear as int8_kernel
+
+    if kernel and not int8_kernel.available():
+        pytest.skip("no AVX-512 VNNI kernel here")
+    if not kernel:
+        monkeypatch.setattr(int8_kernel, "available", lambda: False)
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(64, 32)
+    x = torch.randn(3, 64).to(torch.bfloat16)
+    y = Int8PackedLinear([linear])(x)
+    assert y.dtype == torch.bfloat16
+    reference = linear(x.float())
+    assert float((y.float() - reference).norm() / reference.norm()) < 0.05
+
+
 def test_a_model_drafter_that_fell_behind_catches_up_apart_and_drafts_the_same():
     """Rounds drafted by other methods leave the model's KV behind; its next propose feeds those tokens in a
     forward of its own, timed as `catch_up_s` (a switching cost the verify length does not weigh as the

@@ -13,6 +13,7 @@ from specactor_engine.drafters.feature import FeatureDrafter
 from specactor_engine.engine import Engine
 from specactor_engine.model.feature_draft import FeatureDraftModel
 from specactor_engine.model.runner import ModelRunner
+from tests.engine.test_cheap_drafting import needs_int8
 from tests.engine.test_exactness import MAX_LEN, make_drafter, ragged_requests, rollout, run, sampling, token_ids
 from tests.fixtures.tiny_models import make_tiny_model, make_tokenizer
 
@@ -204,6 +205,7 @@ def test_a_float32_drafter_s_fc_is_packed_and_follows_its_weights():
         torch.testing.assert_close(drafter._inputs(tokens, prev), drafter.model.inputs(embeds, prev))
 
 
+@needs_int8
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_int8_drafting_stays_exact_and_keeps_most_drafts(temperature):
     """quantize: int8 runs the layer's MLP and output projection on int8 weights. The one-layer drafter that computes
@@ -235,6 +237,7 @@ def _first_logits(drafter: FeatureDrafter, tokens: torch.Tensor, prev: torch.Ten
     return drafter.runner.forward(tokens, torch.tensor([0]), embeds=x, logits_at="last")[0].float()
 
 
+@needs_int8
 def test_int8_drafting_over_a_bfloat16_target_tracks_the_float_drafter_and_its_weight_updates():
     """Over a bf16 target (trace D's) the int8 drafter's logits stay within int8's error of the bf16 drafter's, and
     a weight update reaches its int8 projections."""
