@@ -419,22 +419,17 @@ class ModelRunner:
         runners' figures is the ratio of their step times there (the draft-cost prior, policies/verify_length.py)."""
         inner = self.model.model
         head = self.head if self.head is not None else getattr(self.model, "lm_head", None)
-        if not self.int8:
-            quantized = [linear for layer in self.projections or [] for linear in layer.linears()
-                         if isinstance(linear, Int8PackedLinear)]  # int8_projections: their bytes for their sources'
-            if not quantized:
-                return tensor_bytes(inner.layers, inner.norm, head)
-            sources = {id(m) for linear in quantized for m in linear.modules}
-            rest = [sub for layer in inner.layers for sub in layer.modules()
-                    if id(sub) not in sources and not list(sub.children())]
-            return sum(linear.nbytes() for linear in quantized) + tensor_bytes(*rest, inner.norm, head)
-        # int8: the projections' bytes, of the layers' float modules only those that are no linear (the norms)
-        linears = [linear for layer in self.projections or [] for linear in layer.linears()]
-        if self.head is None and type(head) is nn.Linear:  # the model's own head runs in int8 too (`_lm_head`)
-            linears, head = [*linears, Int8PackedLinear([head])], None
-        others = [sub for layer in inner.layers for sub in layer.modules()
-                  if not isinstance(sub, nn.Linear) and not list(sub.children())]
-        return sum(linear.nbytes() for linear in linears) + tensor_bytes(*others, inner.norm, head)
+        # int8 projections count their int8 bytes in place of their source linears' (int8: every one of them)
+        quantized = [linear for layer in self.projections or [] for linear in layer.linears()
+                     if isinstance(linear, Int8PackedLinear)]
+        if self.int8 and self.head is None and type(head) is nn.Linear:  # the model's own head runs in int8 too
+            quantized, head = [*quantized, Int8PackedLinear([head])], None
+        if not quantized:
+            return tensor_bytes(inner.layers, inner.norm, head)
+        sources = {id(m) for linear in quantized for m in linear.modules}
+        rest = [sub for layer in inner.layers for sub in layer.modules()
+                if id(sub) not in sources and not list(sub.children())]
+        return sum(linear.nbytes() for linear in quantized) + tensor_bytes(*rest, inner.norm, head)
 
 
 def tensor_bytes(*modules: nn.Module | None) -> int:
