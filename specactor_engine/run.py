@@ -408,7 +408,9 @@ class Run:
             # an option's draft models first feed what they missed (a probe of the first option too: the probe
             # budget weighs it): its round is charged that catch-up
             steady = self.engine.num_draft_tokens + 1
-            catch_up_s = [self.proposer.catch_up_estimate_s(slots, o, steady) for o in options] if options else None
+            skip = policy.far_options(options)  # not weighed this round: their catch-ups are not estimated either
+            catch_up_s = [0.0 if i in skip else self.proposer.catch_up_estimate_s(slots, o, steady)
+                          for i, o in enumerate(options)] if options else None
             # the tokens the rows have left bound the stretch a catch-up is spread over
             remaining = float((self.rules.max_new_tokens - self.state.output_positions(slots)).float().mean())
             caps = caps.clamp_max(policy.choose(len(slots), context, regime=arm or "", options=options,

@@ -18,7 +18,8 @@ A pure policy over statistics (no torch, no engine), so it can be unit-tested on
   seconds per draft position for each method. A round of assignment a is expected to emit
   sum_rows E_{a(r)}[k] tokens in verify(rows, k+1) + k x sum_{m in a} draft_m seconds (a method
   drafts all its rows in one call, so its cost is paid once per round, not per row), and the
-  policy picks the best (k, assignment) pair. One pooled drafting cost would let an expensive
+  policy picks the best (k, assignment) pair; an assignment that trailed the chosen round by more than `far_share` is
+  weighed again only `far_every` rounds later (`far_options`). One pooled drafting cost would let an expensive
   draft model's seconds stick to the free methods (its cost is only re-measured in rounds that
   draft with it), and the free methods' drafts would never be verified again. The current k changes only when another
   is better by more than the hysteresis. Once every `probe_every` rounds it verifies max_k (so
@@ -438,6 +439,14 @@ class VerifyLengthPolicy:
     stale_rounds: int = 32
     neighbour_share: float = 0.5
     fresh: set[str] = field(default_factory=set)  # methods observed since the last `choose`
+    # an assignment whose best expected rate at its last weighing was below `far_share` of the chosen round's is
+    # weighed again only `far_every` rounds later (`far_options`), unless its methods are in use or it is the first
+    # (the probed one): weighing 3-4 assignments at every length each round was most of `specactor`'s extra host
+    # work on trace D (session 53: ~0.45 s a run over `coupled-feature`'s, `choose` the largest part), and the 0.5B's
+    # assignment and the model-free one trailed the feature drafter's by more than this in most rounds
+    far_share: float = 0.8
+    far_every: int = 4
+    far_until: dict[frozenset[str], int] = field(default_factory=dict)  # method set -> round it is weighed again
     # within one `choose` (nothing it evaluates changes meanwhile): calibrations already looked up
     _memo: dict[tuple[Any, ...], float] | None = field(default=None, repr=False, compare=False)
 
@@ -643,12 +652,19 @@ class VerifyLengthPolicy:
         return f"{regime}|{'+'.join(used)}@{bucket}" if used else None
 
     def _best_option(self, rows: int, k: int, context: int | None, regime: str,
-                     options: Sequence[Sequence[str | None]] | None) -> tuple[float, int]:
-        """(throughput, option index) of the best assignment at verify length k (the first on a tie)."""
+                     options: Sequence[Sequence[str | None]] | None, skip: frozenset[int] = frozenset(),
+                     rates: dict[int, float] | None = None) -> tuple[float, int]:
+        """(throughput, option index) of the best assignment at verify length k (the first on a tie); skip: options
+        not weighed this round (`far_options`); rates: each weighed option's best throughput so far, raised here."""
         if not options:
             return self.throughput(rows, k, context, regime), 0
         catch_up = self.catch_up_s if len(self.catch_up_s) == len(options) else [0.0] * len(options)
-        scores = [self.throughput(rows, k, context, regime, methods=o, catch_up_s=c) for o, c in zip(options, catch_up)]
+        scores = [-math.inf if i in skip else self.throughput(rows, k, context, regime, methods=o, catch_up_s=c)
+                  for i, (o, c) in enumerate(zip(options, catch_up))]
+        if rates is not None:
+            for i, score in enumerate(scores):
+                if i not in skip:
+                    rates[i] = max(rates.get(i, -math.inf), score)
         best = max(range(len(options)), key=lambda i: (scores[i], -i))
         # hysteresis on the methods in use, as on k: switching to another draft model pays a catch-up forward
         # over what it has not seen, which the per-round estimates leave out (trace D: near ties between the 0.5B
@@ -667,6 +683,27 @@ class VerifyLengthPolicy:
         already has it (`choose` evaluates each k once)."""
         score = score or (lambda k: self._best_option(rows, k, context, regime, options)[0])
         return max(range(self.max_k + 1), key=lambda k: (score(k), -k))
+
+    def far_options(self, options: Sequence[Sequence[str | None]] | None) -> frozenset[int]:
+        """Indices of the options this round's `choose` will not weigh (`far_share`): the ones whose method set trailed
+        the chosen round by that much within the last `far_every` rounds, but for the first (the probed one) and any
+        whose methods are in use. The engine leaves their catch-up estimates out too."""
+        if not options or not self.far_until:
+            return frozenset()
+        now = len(self.history)
+        return frozenset(i for i, option in enumerate(options) if i > 0 and (key := _models_of(option))
+                         and key != self.models_in_use and self.far_until.get(key, -1) > now)
+
+    def _mark_far(self, options: Sequence[Sequence[str | None]], rates: Mapping[int, float], chosen: float) -> None:
+        """After a choice at expected rate `chosen`: each weighed option's method set is far (skipped for `far_every`
+        rounds) if its best rate was below `far_share` of it, else weighed again next round."""
+        now = len(self.history)
+        for i, rate in rates.items():
+            key = _models_of(options[i])
+            if rate < self.far_share * chosen:
+                self.far_until[key] = now + self.far_every
+            else:
+                self.far_until.pop(key, None)
 
     def choose(self, rows: int, context: int | None = None, regime: str = "",
                options: Sequence[Sequence[str | None]] | None = None,
@@ -691,10 +728,12 @@ class VerifyLengthPolicy:
         self.first_catch_up_s = self.catch_up_s[0] if self.catch_up_s else 0.0
         self._relax_unobserved()
         evaluated: dict[int, tuple[float, int]] = {}  # k -> best option: the same call's estimates, computed once
+        skip = self.far_options(options)
+        rates: dict[int, float] = {}  # each weighed option's best rate over the speculative lengths
 
         def option_at(k: int) -> tuple[float, int]:
             if k not in evaluated:
-                evaluated[k] = self._best_option(rows, k, context, regime, options)
+                evaluated[k] = self._best_option(rows, k, context, regime, options, skip, rates if k else None)
             return evaluated[k]
 
         def score(k: int) -> float:
@@ -702,6 +741,8 @@ class VerifyLengthPolicy:
 
         best = self.best(rows, context, regime, options, score)
         self.scores = tuple(score(j) for j in range(self.max_k + 1))
+        if options is not None:
+            self._mark_far(options, rates, max(self.scores))
         self.factors = tuple(self.verify_factor(rows, j, regime, options[option_at(j)[1]] if options else None)
                              for j in range(self.max_k + 1))
         self.speculation_margin = max(self.scores[1:]) / max(self.scores[0], 1e-9)
@@ -771,7 +812,7 @@ class VerifyLengthPolicy:
         self.stats = AcceptanceStats(self.max_k, self.stats.decay, self.stats.prior)
         self.by_method, self.method_seen_at, self.fresh = {}, {}, set()
         self.current, self.probe_from, self.rounds_since_probe = None, None, 0
-        self.held = set()
+        self.held, self.far_until = set(), {}
 
     def hold(self) -> int:
         """A round decoded plainly without a new choice (the engine re-chooses only every few rounds while plain

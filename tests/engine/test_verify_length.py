@@ -1160,3 +1160,46 @@ def test_the_profile_keeps_each_cell_s_undisturbed_timing_through_a_disturbance_
     assert len(calls) == (cost_profile.REPEATS + 1) * (6 + 5)  # 6 plain cells, 5 packed ones of 2 rows
     assert table.seconds == ((0.001, 0.002, 0.003), (0.002, 0.004, 0.006))
     assert table.packed == ((), (0.002, 0.003, 0.004, 0.005, 0.006))
+
+
+def test_an_assignment_far_behind_is_weighed_again_only_every_few_rounds():
+    """Weighing every assignment at every length each round was most of `specactor`'s extra host work on trace D
+    (session 53). An assignment whose best rate trails the chosen round's by more than `far_share` is skipped for
+    `far_every` rounds (its catch-up not estimated either), then weighed again, so one that got better wins back
+    within that many rounds; the first assignment (the probed one) and the one in use are always weighed."""
+    feature, free, big = ["feature"] * 4, ["suffix"] * 4, ["big"] * 4
+    p = policy_with(linear_table(0.1, 0.001), [0.5] * 4, prior_share={"big": 0.5})
+    for _ in range(20):  # the feature drafter's drafts mostly accepted at 4 ms a position; n-gram's never
+        p.observe_round(3, [3] * 4, [3, 3, 2, 3], 0.012, 0.13, 4, methods=feature, draft_s_by_method={"feature": 0.012})
+        p.observe_acceptance([3] * 4, [0] * 4, free)
+        p.observe_acceptance([3] * 4, [3] * 4, big)  # the big model's drafts all accepted, but it is dear
+    options = [feature, free, big]
+    weighed = []
+    throughput = p.throughput
+
+    def spy(rows, k, *args, methods=None, **kwargs):
+        weighed.append(methods[0] if methods else None)
+        return throughput(rows, k, *args, methods=methods, **kwargs)
+
+    p.throughput = spy
+    assert p.choose(4, options=options) > 0 and p.option == 0
+    assert {"suffix", "big"} <= set(weighed)  # the first choice weighs all
+    assert p.far_options(options) == {1, 2}  # both far behind the feature drafter's round
+    skipped = 0
+    for _ in range(p.far_every - 1):
+        weighed.clear()
+        p.choose(4, options=options)
+        skipped += "big" not in weighed and "suffix" not in weighed
+    assert skipped == p.far_every - 1
+    weighed.clear()
+    p.choose(4, options=options)
+    assert "big" in weighed  # weighed again after far_every rounds
+    p.draft_s_by_method["big"] = 0.001  # the big model got cheap: it wins within far_every rounds
+    for j in range(p.far_every + 1):
+        p.choose(4, options=options)
+        if p.option == 2:
+            break
+    assert p.option == 2 and j < p.far_every
+    assert 2 not in p.far_options(options)  # in use: always weighed
+    p.forget_acceptance()
+    assert p.far_until == {}
