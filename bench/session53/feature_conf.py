@@ -14,15 +14,8 @@ OUT = {}
 
 def lockstep(engine, sequences, max_k, params, progress):
     from specactor_engine.drafters import DraftRequest
-    from specactor_engine.state import SequenceState
-    n = len(sequences); slots = torch.arange(n)
-    max_len = max(len(s.prompt_ids) + len(s.output_ids) for s in sequences) + max_k + 2
-    state = SequenceState.allocate(n, max_len)
-    for i, s in enumerate(sequences):
-        state.tokens[i, : len(s.prompt_ids)] = torch.tensor(s.prompt_ids)
-        state.lengths[i] = state.prompt_lengths[i] = len(s.prompt_ids)
-        state.seq_keys[i] = s.key
-    engine.runner.allocate(n, max_len)
+    n = len(sequences)
+    state, slots, max_len = F.lockstep_state(engine, sequences, max_k)
     drafters = engine.drafters
     F._teacher_forced(engine.runner, sequences)
     for d in drafters:

@@ -290,21 +290,29 @@ def _shape(drafter: Any) -> dict[str, int] | None:
             "kv_bytes_per_token": shape.kv_bytes_per_token}
 
 
-def _lockstep(engine: Any, sequences: list[SequenceFacts], max_k: int, params: SamplingParams,
-              progress: Callable[[str], None]) -> list[DrafterFacts]:
-    """Every engine drafter asked for max_k drafts at every position of every sequence (module docstring)."""
-    from specactor_engine.drafters import DraftRequest
+def lockstep_state(engine: Any, sequences: list[SequenceFacts], max_k: int) -> tuple[Any, torch.Tensor, int]:
+    """A SequenceState holding every sequence's prompt, one slot each, and the engine's target allocated to match:
+    (state, slots, tokens per slot), where a lockstep over the sequences' outputs starts."""
     from specactor_engine.state import SequenceState
 
-    n = len(sequences)
-    slots = torch.arange(n)
+    slots = torch.arange(len(sequences))
     max_len = max(len(s.prompt_ids) + len(s.output_ids) for s in sequences) + max_k + 2
-    state = SequenceState.allocate(n, max_len)
+    state = SequenceState.allocate(len(sequences), max_len)
     for i, s in enumerate(sequences):
         state.tokens[i, : len(s.prompt_ids)] = torch.tensor(s.prompt_ids)
         state.lengths[i] = state.prompt_lengths[i] = len(s.prompt_ids)
         state.seq_keys[i] = s.key
-    engine.runner.allocate(n, max_len)
+    engine.runner.allocate(len(sequences), max_len)
+    return state, slots, max_len
+
+
+def _lockstep(engine: Any, sequences: list[SequenceFacts], max_k: int, params: SamplingParams,
+              progress: Callable[[str], None]) -> list[DrafterFacts]:
+    """Every engine drafter asked for max_k drafts at every position of every sequence (module docstring)."""
+    from specactor_engine.drafters import DraftRequest
+
+    n = len(sequences)
+    state, slots, max_len = lockstep_state(engine, sequences, max_k)
     drafters = engine.drafters
     if any(d.needs_target for d in drafters):
         progress(f"teacher-forced target pass over {n} sequences (the feature-level drafter reads its hidden states)")
