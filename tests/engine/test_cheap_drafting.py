@@ -446,7 +446,11 @@ def test_the_engine_defers_the_prefill_of_a_costly_draft_model_out_of_use_and_st
     config = rollout("specactor", num_draft_tokens=3, max_batch_size=4, verify_length="dynamic")
     engine = Engine(target, tokenizer, config, max_model_len=MAX_LEN, check_invariants=True,
                     drafters=[model, make_drafter("suffix", target, torch.float64)])
-    engine.length_policy = VerifyLengthPolicy(table(0.01, 0.0001), AcceptanceStats(max_k=3), probe_every=4)
+    # probe_budget=1: the probes fall due by their interval alone. At the default 5% they wait for the measured round
+    # seconds to outweigh the catch-up's measured feeds, a race of two clocks: CI's machine ran all 69 rounds
+    # without one (session 53's commits), this one probed at round 50 (the budget has its own test, test_verify_length.py)
+    engine.length_policy = VerifyLengthPolicy(table(0.01, 0.0001), AcceptanceStats(max_k=3), probe_every=4,
+                                              probe_budget=1.0)
     engine.length_policy.draft_s_by_method["model"] = 1.0  # measured costly, and not in use
     # probed all the same (a model this costly could not pay, so the probe gate would keep it out; this test is about
     # what its probes do, the gate has its own test in test_verify_length.py)
