@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import math
 import statistics
 from typing import Any, Sequence
 
@@ -100,6 +101,7 @@ def _paired_note(settings: dict[str, Any], systems: dict[str, Any]) -> list[str]
                 rows.append(f"| `{name}` | {repeat} | {place} | {held.get('turns', '-')} | {held.get('gc_s', 0.0):.3f} | "
                             f"{faults.get('major', '-')} / {faults.get('minor', '-')} | "
                             f"{held.get('external_cpu_s', 0.0):.1f} |")
+    lines += _place_balance(systems)
     if rows:
         lines += ["", "Own turns per repeat: the system's place in the turn order (1: loaded first, first to run), "
                   "garbage-collection seconds, the process's page faults (major: read back from disk) and the CPU of "
@@ -107,6 +109,43 @@ def _paired_note(settings: dict[str, Any], systems: dict[str, Any]) -> list[str]
                   "| system | repeat | place | turns | gc s | page faults major / minor | workers' CPU s |",
                   "|---|---|---|---|---|---|---|", *rows]
     return lines
+
+
+def first_places(systems: dict[str, Any]) -> dict[str, int]:
+    """How many repeats of a paired run each system spent in the first place of the turn order."""
+    counts = {name: 0 for name in systems}
+    repeats = max((len(entry.get("paired") or []) for entry in systems.values()), default=0)
+    for repeat in range(repeats):
+        orders = [held.get("systems") for entry in systems.values()
+                  if repeat < len(entry.get("paired") or []) and (held := entry["paired"][repeat])]
+        if orders and orders[0] and orders[0][0] in counts:
+            counts[orders[0][0]] += 1
+    return counts
+
+
+def _place_balance(systems: dict[str, Any]) -> list[str]:
+    """Each system's geometric mean of `ar`'s makespan over its own, per repeat, and whether every system took the
+    first place equally often: on traces B and C the first-placed system ran up to ~5% slower (bench/session54), so
+    a ratio over an unbalanced rotation carries that place's cost."""
+    reference = systems.get("ar")
+    if not reference or len(systems) < 2:
+        return []
+    counts = first_places(systems)
+    ratios = []
+    for name, entry in systems.items():
+        pairs = [(r, t) for r, t in zip(reference.get("makespan_s") or [], entry.get("makespan_s") or []) if r and t]
+        if name != "ar" and pairs:
+            mean = math.exp(statistics.fmean(math.log(r / t) for r, t in pairs))
+            ratios.append(f"`{name}` {mean:.3f}")
+    if not ratios:
+        return []
+    balanced = len(set(counts.values())) == 1
+    places = ", ".join(f"`{name}` {count}" for name, count in counts.items())
+    return ["", f"`ar`'s makespan over each system's, geometric mean over the repeats: {', '.join(ratios)}. "
+            + (f"First places: {places}: balanced." if balanced else
+               f"First places: {places}: **not balanced**, so these ratios and the medians carry the first place's "
+               "cost (up to ~5% on traces B and C, docs/benchmarking.md); run a multiple of "
+               f"{len(systems)} repeats.")]
 
 
 def _per_repeat(systems: dict[str, Any]) -> list[str]:

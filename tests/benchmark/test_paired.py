@@ -4,6 +4,7 @@ the turns' accounting runs on a fake clock, the end-to-end run checks outputs an
 from __future__ import annotations
 
 import json
+import math
 import threading
 
 import pytest
@@ -11,6 +12,7 @@ from typer.testing import CliRunner
 
 from benchmark.cli import app
 from benchmark.paired import GcTimer, TurnClock, Turns, check_pairable, turn_order
+from benchmark.report import _place_balance, first_places
 from benchmark.run import parse_system
 from tests.fixtures.tiny_models import save_tiny_model
 
@@ -175,6 +177,23 @@ def test_engine_systems_copies_and_draft_lengths_can_take_turns():
     assert check_pairable(systems, [parse_system(s)[0] for s in systems], 1) is None
     with pytest.raises(ValueError, match="NAME#N"):
         parse_system("ar#x")
+
+
+def test_the_report_gives_place_balanced_ratios_and_says_when_the_rotation_is_not_balanced():
+    """The geometric mean of `ar`'s makespan over each system's per repeat, and the first places counted from each
+    repeat's turn order: balanced with 2 repeats of 2 systems, not with 3."""
+    def systems(ar: list[float], spec: list[float]) -> dict:
+        orders = [["ar", "specactor"], ["specactor", "ar"]] * 2
+        paired = [{"systems": orders[r], "turns": 1} for r in range(len(ar))]
+        return {"ar": {"makespan_s": ar, "paired": paired}, "specactor": {"makespan_s": spec, "paired": paired}}
+
+    balanced = systems([103.0, 97.0], [100.0, 100.0])  # ar first: 1.03; specactor first: 0.97
+    assert first_places(balanced) == {"ar": 1, "specactor": 1}
+    line = _place_balance(balanced)[-1]
+    assert f"`specactor` {math.sqrt(1.03 * 0.97):.3f}" in line and "balanced." in line and "not balanced" not in line
+    unbalanced = systems([103.0, 97.0, 103.0], [100.0, 100.0, 100.0])
+    assert first_places(unbalanced) == {"ar": 2, "specactor": 1}
+    assert "**not balanced**" in _place_balance(unbalanced)[-1]
 
 
 def test_cli_refuses_a_paired_plan_it_cannot_run(tmp_path):
