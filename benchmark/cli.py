@@ -127,10 +127,11 @@ def bench(
         _fail(str(exc))
     if problem is not None:
         _fail(problem)
-    if paired and repeats % len(plan.run_order()):
-        typer.echo(f"warning: {repeats} paired repeats of {len(plan.run_order())} systems do not give each system the "
-                   "first place equally often; on traces B and C that place cost up to ~5% (docs/benchmarking.md): "
-                   f"run a multiple of {len(plan.run_order())}", err=True)
+    count = len(plan.run_order())
+    if paired and repeats % count:
+        typer.echo(f"warning: {repeats} paired repeats of {count} systems do not give each system the first place "
+                   "equally often; on traces B and C that place cost up to ~5% (docs/benchmarking.md): run a multiple "
+                   f"of {count}", err=True)
     results = run_bench(plan, command=command_line())
     typer.echo((out / "results.md").read_text(encoding="utf-8"))
     if any(entry.get("error") for entry in results["systems"].values()):

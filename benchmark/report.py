@@ -113,13 +113,13 @@ def _paired_note(settings: dict[str, Any], systems: dict[str, Any]) -> list[str]
 
 def first_places(systems: dict[str, Any]) -> dict[str, int]:
     """How many repeats of a paired run each system spent in the first place of the turn order."""
-    counts = {name: 0 for name in systems}
-    repeats = max((len(entry.get("paired") or []) for entry in systems.values()), default=0)
-    for repeat in range(repeats):
-        orders = [held.get("systems") for entry in systems.values()
-                  if repeat < len(entry.get("paired") or []) and (held := entry["paired"][repeat])]
-        if orders and orders[0] and orders[0][0] in counts:
-            counts[orders[0][0]] += 1
+    counts = dict.fromkeys(systems, 0)
+    # every system of a repeat records the same turn order; the longest record covers every repeat
+    records = max((entry.get("paired") or [] for entry in systems.values()), key=len, default=[])
+    for held in records:
+        order = (held or {}).get("systems") or [None]
+        if order[0] in counts:
+            counts[order[0]] += 1
     return counts
 
 
