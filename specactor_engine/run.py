@@ -396,7 +396,8 @@ class Run:
         methods = None
         if not drafting:
             caps = torch.zeros_like(caps)
-        elif policy is not None and not choice_due(self.plain_rounds):  # plain decoding far ahead: kept
+        elif policy is not None and not choice_due(self.plain_rounds, policy.speculation_margin):
+            # plain decoding far ahead: kept (the margin is the last choice's)
             caps = caps.clamp_max(policy.hold())
         elif policy is not None:
             # shadows keep the deep positions' statistics fresh, but only for the model-free methods

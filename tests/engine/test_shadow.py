@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from specactor_engine.drafters import Drafter
-from specactor_engine.policies.shadow import (SPARSE_EVERY, SPARSE_MARGIN, ShadowBook, ShadowDraft, choice_due,
-                                              matched_prefix, shadows_due)
+from specactor_engine.policies.shadow import (FAR_EVERY, FAR_MARGIN, SPARSE_EVERY, SPARSE_MARGIN, ShadowBook,
+                                              ShadowDraft, choice_due, matched_prefix, shadows_due, sparse_every)
 from specactor_engine.policies.verify_length import AcceptanceStats, CostTable, VerifyLengthPolicy
 from specactor_engine.types import DraftProposal
 from tests.engine.test_exactness import ragged_requests, rollout, run, sampling, token_ids
@@ -136,17 +136,23 @@ def test_a_proposal_narrower_than_the_round_is_cut_and_shadowed_exactly():
 def test_shadows_are_drafted_every_round_unless_plain_decoding_is_far_ahead():
     assert all(shadows_due(2, 0.1, n) for n in range(1, 9))  # speculating: every round
     assert all(shadows_due(0, SPARSE_MARGIN, n) for n in range(1, 9))  # speculation within reach: every round
-    far = [shadows_due(0, 0.5, n) for n in range(1, 4 * SPARSE_EVERY + 1)]
-    assert far[0] and sum(far) == 4  # far from paying: the first round, then every SPARSE_EVERY-th
+    for margin, every in ((FAR_MARGIN, SPARSE_EVERY), (0.5, FAR_EVERY)):  # far from paying; farther
+        assert sparse_every(margin) == every
+        far = [shadows_due(0, margin, n) for n in range(1, 4 * every + 1)]
+        assert far[0] and far[every] and sum(far) == 4  # the first round, then every `every`-th
 
 
 def test_while_plain_decoding_is_far_ahead_the_choice_is_remade_with_the_shadow_drafts():
     """choice_due counts the far rounds before this one, shadows_due those including it: the rounds that choose
-    are the rounds that draft shadows, the first far round's choice included."""
-    far_before = range(0, 4 * SPARSE_EVERY)
-    due = [choice_due(n) for n in far_before]
-    assert due[0] and sum(due) == 4
-    assert due == [shadows_due(0, 0.5, n + 1) for n in far_before]
+    are the rounds that draft shadows, the first far round's choice included; a margin that moves between the two
+    sparse tiers keeps them together (FAR_EVERY is a multiple of SPARSE_EVERY)."""
+    assert FAR_EVERY % SPARSE_EVERY == 0 and FAR_MARGIN < SPARSE_MARGIN
+    for margin, every in ((0.9, SPARSE_EVERY), (0.5, FAR_EVERY)):
+        far_before = range(0, 4 * every)
+        due = [choice_due(n, margin) for n in far_before]
+        assert due[0] and sum(due) == 4
+        assert due == [shadows_due(0, margin, n + 1) for n in far_before]
+    assert all(choice_due(n, SPARSE_MARGIN) for n in range(8))
 
 
 def test_the_policy_reports_how_far_speculation_is_from_paying():

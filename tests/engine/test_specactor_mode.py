@@ -77,9 +77,10 @@ def test_while_decoding_plainly_shadow_drafts_try_every_model_free_method(target
 
 def test_while_plain_decoding_is_far_ahead_the_choice_is_remade_every_few_rounds(target, monkeypatch):  # noqa: F811
     """Speculation expected far below plain decoding's rate: the verify length and methods are weighed in the first
-    round and then every SPARSE_EVERY-th (with that round's shadow drafts); the rounds between decode plainly and
-    are recorded as k = 0. Outputs stay exact; with speculation within reach every round is chosen."""
-    from specactor_engine.policies.shadow import SPARSE_EVERY, SPARSE_MARGIN
+    round and then every SPARSE_EVERY-th (with that round's shadow drafts), every FAR_EVERY-th farther below; the
+    rounds between decode plainly and are recorded as k = 0. Outputs stay exact; with speculation within reach every
+    round is chosen."""
+    from specactor_engine.policies.shadow import FAR_EVERY, FAR_MARGIN, SPARSE_EVERY, SPARSE_MARGIN
     from specactor_engine.policies.verify_length import AcceptanceStats, VerifyLengthPolicy
     from tests.engine.test_dynamic_verify_length import table
 
@@ -87,7 +88,7 @@ def test_while_plain_decoding_is_far_ahead_the_choice_is_remade_every_few_rounds
     reference = token_ids(run(target, ragged_requests(4), params))
     drafters = [make_drafter(kind, target, torch.float64) for kind in ("suffix", "ngram")]
     engine = specactor_engine(target, drafters, cost_table=table(0.0, 0.01), verify_length="dynamic")
-    for margin, every in ((None, SPARSE_EVERY), (SPARSE_MARGIN, 1)):  # far from paying; within reach
+    for margin, every in ((FAR_MARGIN / 2, FAR_EVERY), (FAR_MARGIN, SPARSE_EVERY), (SPARSE_MARGIN, 1)):
         policy = engine.length_policy = VerifyLengthPolicy(table(0.0, 0.01), AcceptanceStats(max_k=K, prior=0.05),
                                                            probe_every=0)
         choices = []
@@ -95,8 +96,7 @@ def test_while_plain_decoding_is_far_ahead_the_choice_is_remade_every_few_rounds
         def choose(*args, _choose=policy.choose, _policy=policy, _margin=margin, **kwargs) -> int:
             choices.append(1)
             k = _choose(*args, **kwargs)
-            if _margin is not None:  # speculation reported within reach (the choice itself still k = 0)
-                _policy.speculation_margin = _margin
+            _policy.speculation_margin = _margin  # speculation reported this far (the choice itself still k = 0)
             return k
 
         monkeypatch.setattr(policy, "choose", choose)
