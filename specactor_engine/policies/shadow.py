@@ -25,21 +25,23 @@ from typing import Hashable, Sequence
 # and were chosen and shadowed every round; within the hysteresis (5%) of plain decoding they still are
 SPARSE_MARGIN = 0.95
 SPARSE_EVERY = 4
-# ... and below FAR_MARGIN only every FAR_EVERY-th. Replays of session 54's B and C (128 rows, plain throughout):
-# 45% of B's choices and 73% of C's expected speculation below 0.85x, where its rate would have to climb by 12% or
-# more before it came within SPARSE_MARGIN; A's (32 rows, the feature drafter in use at times) 45%
+# ... and below FAR_MARGIN only every FAR_EVERY-th, once plain decoding has been far ahead for FAR_EVERY rounds (its
+# first choices read the prior, before any shadow draft was scored: a 16-token run would never re-choose). Replays of
+# session 54's B and C (128 rows, plain throughout): 45% of B's choices and 73% of C's expected speculation below
+# 0.85x, where its rate would have to climb by 12% or more before it came within SPARSE_MARGIN; A's (32 rows, the
+# feature drafter in use at times) 45%
 FAR_MARGIN = 0.85
 FAR_EVERY = 16
 
 
-def sparse_every(margin: float) -> int:
+def sparse_every(margin: float, far_rounds: int) -> int:
     """Every how many rounds plain decoding in force re-chooses and shadow-drafts, by the last choice's margin
-    (`VerifyLengthPolicy.speculation_margin`): 1 within SPARSE_MARGIN of paying, SPARSE_EVERY below it,
-    FAR_EVERY below FAR_MARGIN. FAR_EVERY is a multiple of SPARSE_EVERY, so a margin that moves between the two
-    keeps the rounds due on one count."""
+    (`VerifyLengthPolicy.speculation_margin`) and the consecutive far rounds before this one: 1 within SPARSE_MARGIN
+    of paying, SPARSE_EVERY below it, FAR_EVERY below FAR_MARGIN after FAR_EVERY far rounds. FAR_EVERY is a multiple
+    of SPARSE_EVERY, so a margin that moves between the two keeps the rounds due on one count."""
     if margin >= SPARSE_MARGIN:
         return 1
-    return SPARSE_EVERY if margin >= FAR_MARGIN else FAR_EVERY
+    return FAR_EVERY if margin < FAR_MARGIN and far_rounds >= FAR_EVERY else SPARSE_EVERY
 
 
 def shadows_due(cap: int, margin: float, plain_rounds: int) -> bool:
@@ -47,9 +49,9 @@ def shadows_due(cap: int, margin: float, plain_rounds: int) -> bool:
     policy's best speculative rate over plain decoding's (`VerifyLengthPolicy.speculation_margin`); plain_rounds:
     consecutive rounds so far (this one included) at cap 0 with the margin below SPARSE_MARGIN. Shadows exist to
     tell when speculation starts to pay: while it is in force or within reach they are drafted every round, and
-    while it is far from paying every `sparse_every(margin)`-th (trace B, 128 rows: ~2,000 shadow drafts a run at
-    k = 0 throughout, 0.4 s of drafting plus their scoring and bookkeeping, about 1% of the run)."""
-    every = sparse_every(margin)
+    while it is far from paying every `sparse_every`-th (trace B, 128 rows: ~2,000 shadow drafts a run at k = 0
+    throughout, 0.4 s of drafting plus their scoring and bookkeeping, about 1% of the run)."""
+    every = sparse_every(margin, plain_rounds - 1)
     if cap > 0 or every == 1:
         return True
     return plain_rounds % every == 1
@@ -58,12 +60,12 @@ def shadows_due(cap: int, margin: float, plain_rounds: int) -> bool:
 def choice_due(plain_rounds: int, margin: float) -> bool:
     """Whether this round's verify length and draft methods are chosen anew; plain_rounds: consecutive rounds before
     this one at cap 0 with speculation far from paying (`shadows_due`'s count); margin: the last choice's (held
-    rounds keep it). While plain decoding is that far ahead the choice is re-made every `sparse_every(margin)`-th
-    round, the one that drafts shadows, and the rounds between decode plainly: weighing every method's assignments
-    at every length took ~1 ms a round at 128 rows under cProfile (trace B: ~0.6 s a run at k = 0 throughout, with
-    shadows ~1 s; `specactor` trailed `ar` by about that); the price is reacting up to that many rounds late once
+    rounds keep it). While plain decoding is that far ahead the choice is re-made every `sparse_every`-th round, the
+    one that drafts shadows, and the rounds between decode plainly: weighing every method's assignments at every
+    length took ~1 ms a round at 128 rows under cProfile (trace B: ~0.6 s a run at k = 0 throughout, with shadows
+    ~1 s; `specactor` trailed `ar` by about that); the price is reacting up to that many rounds late once
     speculation starts to pay."""
-    return plain_rounds % sparse_every(margin) == 0
+    return plain_rounds % sparse_every(margin, plain_rounds) == 0
 
 
 def matched_prefix(draft: Sequence[int], committed: Sequence[int]) -> int:

@@ -86,7 +86,8 @@ def test_useless_drafts_under_a_compute_bound_cost_fall_back_to_plain_decoding(f
     assert settled.count(0) >= 0.8 * len(settled)
     if shadow_rows:
         assert K not in history[probe:]  # no deep probes
-        assert result.stats.shadow_drafts > len(history) // 2  # ... the shadows were scored instead
+        # ... the shadows were scored instead (every few rounds: plain decoding is far ahead)
+        assert result.stats.shadow_drafts >= 2 * shadow_rows
         assert engine.length_policy.stats.accept_through[0] < 0.5  # and taught the policy the drafts are poor
     else:
         assert max(history) == K  # probes still check the deepest length

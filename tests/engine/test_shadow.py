@@ -136,10 +136,12 @@ def test_a_proposal_narrower_than_the_round_is_cut_and_shadowed_exactly():
 def test_shadows_are_drafted_every_round_unless_plain_decoding_is_far_ahead():
     assert all(shadows_due(2, 0.1, n) for n in range(1, 9))  # speculating: every round
     assert all(shadows_due(0, SPARSE_MARGIN, n) for n in range(1, 9))  # speculation within reach: every round
-    for margin, every in ((FAR_MARGIN, SPARSE_EVERY), (0.5, FAR_EVERY)):  # far from paying; farther
-        assert sparse_every(margin) == every
-        far = [shadows_due(0, margin, n) for n in range(1, 4 * every + 1)]
-        assert far[0] and far[every] and sum(far) == 4  # the first round, then every `every`-th
+    near = [shadows_due(0, FAR_MARGIN, n) for n in range(1, 4 * FAR_EVERY + 1)]  # far from paying
+    assert near[0] and near[SPARSE_EVERY] and sum(near) == 4 * FAR_EVERY // SPARSE_EVERY  # then every SPARSE_EVERY-th
+    # farther: every SPARSE_EVERY-th for the first FAR_EVERY rounds (their choices read the prior), then FAR_EVERY-th
+    far = [shadows_due(0, 0.5, n) for n in range(1, 4 * FAR_EVERY + 1)]
+    assert far[:FAR_EVERY] == near[:FAR_EVERY] and far[FAR_EVERY] and sum(far[FAR_EVERY:]) == 3
+    assert sparse_every(0.5, FAR_EVERY - 1) == SPARSE_EVERY and sparse_every(0.5, FAR_EVERY) == FAR_EVERY
 
 
 def test_while_plain_decoding_is_far_ahead_the_choice_is_remade_with_the_shadow_drafts():
@@ -147,11 +149,11 @@ def test_while_plain_decoding_is_far_ahead_the_choice_is_remade_with_the_shadow_
     are the rounds that draft shadows, the first far round's choice included; a margin that moves between the two
     sparse tiers keeps them together (FAR_EVERY is a multiple of SPARSE_EVERY)."""
     assert FAR_EVERY % SPARSE_EVERY == 0 and FAR_MARGIN < SPARSE_MARGIN
-    for margin, every in ((0.9, SPARSE_EVERY), (0.5, FAR_EVERY)):
-        far_before = range(0, 4 * every)
-        due = [choice_due(n, margin) for n in far_before]
-        assert due[0] and sum(due) == 4
-        assert due == [shadows_due(0, margin, n + 1) for n in far_before]
+    far_before = range(0, 4 * FAR_EVERY)
+    for margins in ([0.9] * len(far_before), [0.5] * len(far_before), [0.5, 0.9] * (len(far_before) // 2)):
+        due = [choice_due(n, margin) for n, margin in zip(far_before, margins)]
+        assert due[0] and due[SPARSE_EVERY] and sum(due) >= 4 + 3
+        assert due == [shadows_due(0, margin, n + 1) for n, margin in zip(far_before, margins)]
     assert all(choice_due(n, SPARSE_MARGIN) for n in range(8))
 
 

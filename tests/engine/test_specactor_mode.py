@@ -77,8 +77,8 @@ def test_while_decoding_plainly_shadow_drafts_try_every_model_free_method(target
 
 def test_while_plain_decoding_is_far_ahead_the_choice_is_remade_every_few_rounds(target, monkeypatch):  # noqa: F811
     """Speculation expected far below plain decoding's rate: the verify length and methods are weighed in the first
-    round and then every SPARSE_EVERY-th (with that round's shadow drafts), every FAR_EVERY-th farther below; the
-    rounds between decode plainly and are recorded as k = 0. Outputs stay exact; with speculation within reach every
+    round and then every SPARSE_EVERY-th (with that round's shadow drafts), every FAR_EVERY-th farther below once
+    FAR_EVERY rounds were far; the rounds between decode plainly and are recorded as k = 0. Outputs stay exact; with speculation within reach every
     round is chosen."""
     from specactor_engine.policies.shadow import FAR_EVERY, FAR_MARGIN, SPARSE_EVERY, SPARSE_MARGIN
     from specactor_engine.policies.verify_length import AcceptanceStats, VerifyLengthPolicy
@@ -104,7 +104,10 @@ def test_while_plain_decoding_is_far_ahead_the_choice_is_remade_every_few_rounds
         assert token_ids(result) == reference
         rounds = result.stats.verify_rounds
         assert set(policy.history) == {0} and len(policy.history) == rounds
-        assert len(choices) == -(-rounds // every)
+        if every == FAR_EVERY:  # its first FAR_EVERY far rounds choose every SPARSE_EVERY-th (the prior's margin)
+            assert rounds > FAR_EVERY and len(choices) == FAR_EVERY // SPARSE_EVERY + -(-(rounds - FAR_EVERY) // every)
+        else:
+            assert len(choices) == -(-rounds // every)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
