@@ -78,8 +78,8 @@ def test_while_decoding_plainly_shadow_drafts_try_every_model_free_method(target
 def test_while_plain_decoding_is_far_ahead_the_choice_is_remade_every_few_rounds(target, monkeypatch):  # noqa: F811
     """Speculation expected far below plain decoding's rate: the verify length and methods are weighed in the first
     round and then every SPARSE_EVERY-th (with that round's shadow drafts), every FAR_EVERY-th farther below once
-    FAR_EVERY rounds were far; the rounds between decode plainly and are recorded as k = 0. Outputs stay exact; with speculation within reach every
-    round is chosen."""
+    FAR_EVERY rounds were far; the rounds between decode plainly and are recorded as k = 0. Outputs stay exact; with
+    speculation within reach every round is chosen."""
     from specactor_engine.policies.shadow import FAR_EVERY, FAR_MARGIN, SPARSE_EVERY, SPARSE_MARGIN
     from specactor_engine.policies.verify_length import AcceptanceStats, VerifyLengthPolicy
     from tests.engine.test_dynamic_verify_length import table
