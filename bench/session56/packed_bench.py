@@ -1,5 +1,9 @@
-"""Round costs: padded verify vs packed (one forward row per token, the old path) vs packed over the padded block
-(RaggedLayout, the new path). Usage: packed_bench.py MODEL_DIR DTYPE ROWS CONTEXT WIDTHS(comma, cycled) [REPS]"""
+"""Round costs: a width-1 step, the padded verify block, and the packed block (one forward row per real token).
+
+Usage (repository root, PYTHONPATH=.): packed_bench.py MODEL_DIR DTYPE ROWS CONTEXT WIDTHS [REPS]
+WIDTHS: each row's tokens, cycled over the rows (e.g. 2,1,1,1: a quarter of the rows verify one draft).
+`packed_old` runs the packed block by hand, `packed_new` through `ModelRunner.forward_packed`: the same path at
+a4d91c3 and after; with ragged-attention.patch applied, `packed_new` is attention over the padded block."""
 import statistics, sys, time
 import torch
 from specactor_engine.model.runner import ModelRunner, load_hf_model
