@@ -50,7 +50,11 @@ def test_the_timeline_records_the_rates_each_choice_weighed(fp64_target):
     """Each round the policy chose (not held) records its expected tokens/s at k = 0..K; drafting with the target
     itself (every draft accepted) under a flat cost, the chosen length is the one rated best."""
     engine = dynamic_engine(fp64_target, [make_drafter("self", fp64_target, torch.float64)], table(0.01, 0.0))
-    result = engine.generate(ragged_requests(4), sampling(1.0, n=2, max_new_tokens=40))
+    # a clock that stands still: drafting costs nothing and every width calibrates alike, so the rates follow the flat
+    # table and the acceptance; on the wall clock each draft is a forward of the target, timed against the verify
+    # rounds it saves, and which length rates best hangs on timing noise (the next test's docstring)
+    with clock.replaced(lambda: 0.0):
+        result = engine.generate(ragged_requests(4), sampling(1.0, n=2, max_new_tokens=40))
     rated = [entry for entry in result.stats.timeline if "scores" in entry]
     assert len(rated) == result.stats.verify_rounds > 2
     assert all(len(entry["scores"]) == K + 1 for entry in rated)
@@ -79,7 +83,10 @@ def test_useless_drafts_under_a_compute_bound_cost_fall_back_to_plain_decoding(f
     # ... and not held by the gate on what they could reveal (at a cost proportional to tokens even drafts all
     # accepted would only tie with plain decoding; the gate has its own test in test_verify_length.py)
     engine.length_policy._probe_may_pay = lambda *args: True
-    result = engine.generate(ragged_requests(8), params)
+    # a clock that stands still: every width calibrates alike, so the lengths, and when the probes fall due, follow the
+    # table and the acceptance; on the wall clock the widths' factors are what the rounds took on the machine then
+    with clock.replaced(lambda: 0.0):
+        result = engine.generate(ragged_requests(8), params)
     history = engine.length_policy.history
     probe = engine.length_policy.probe_every
     settled = history[probe:]
@@ -107,7 +114,10 @@ def test_perfect_drafts_under_a_memory_bound_cost_go_deep(fp64_target):
     plain = run(fp64_target, ragged_requests(4), params)
     oracle = OracleDrafter({sequence_key(0, o.request_id, o.sample_index): o.token_ids for o in plain.outputs})
     engine = dynamic_engine(fp64_target, [oracle], table(0.05, 0.0))
-    result = engine.generate(ragged_requests(4), params)
+    # a clock that stands still: every width calibrates alike, so the length follows the flat table; on the wall
+    # clock wide rounds slowed by other load would be priced above it
+    with clock.replaced(lambda: 0.0):
+        result = engine.generate(ragged_requests(4), params)
     assert engine.length_policy.history[-5:] == [K] * 5
     assert result.stats.acceptance_rate == 1.0
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from specactor_engine import clock
 from specactor_engine.decoupled.launch import DrafterWorkers
 from specactor_engine.engine import Engine
 from tests.engine.test_decoupled import K, coordinator_for, models, slow_verifier, target  # noqa: F401 - fixtures
@@ -68,7 +69,10 @@ def test_while_decoding_plainly_shadow_drafts_try_every_model_free_method(target
     from specactor_engine.policies.verify_length import AcceptanceStats, VerifyLengthPolicy
 
     engine.length_policy = VerifyLengthPolicy(table(0.0, 0.01), AcceptanceStats(max_k=K, prior=0.05), probe_every=0)
-    result = engine.generate(ragged_requests(4), params)
+    # a clock that stands still: every width calibrates alike, so the length (and how far speculation is from paying,
+    # which spaces the shadow drafts) follows the table and the acceptance, not what the rounds took on the wall clock
+    with clock.replaced(lambda: 0.0):
+        result = engine.generate(ragged_requests(4), params)
     assert token_ids(result) == reference
     assert set(engine.length_policy.history) == {0} and result.stats.drafted_tokens == 0
     assert set(result.stats.shadow_drafts_per_drafter) == {"suffix", "ngram"}
@@ -100,7 +104,10 @@ def test_while_plain_decoding_is_far_ahead_the_choice_is_remade_every_few_rounds
             return k
 
         monkeypatch.setattr(policy, "choose", choose)
-        result = engine.generate(ragged_requests(4), params)
+        # a clock that stands still: every width calibrates alike, so each choice is k = 0 by the table and the
+        # prior, not by what the rounds took on the wall clock
+        with clock.replaced(lambda: 0.0):
+            result = engine.generate(ragged_requests(4), params)
         assert token_ids(result) == reference
         rounds = result.stats.verify_rounds
         assert set(policy.history) == {0} and len(policy.history) == rounds
@@ -190,7 +197,11 @@ def test_dynamic_length_with_the_draft_model_beside_model_free_methods_is_exact(
     drafters[0].cost_share = 0.01
     drafters[0].catch_up_estimate_s = lambda state, slots, steady=0: 0.0  # likewise its catch-ups, timed in real seconds
     engine = specactor_engine(target, drafters, cost_table=table(0.01, 0.0001), verify_length="dynamic")
-    result = engine.generate(ragged_requests(6), params)
+    # a clock that stands still: drafting costs nothing and every width calibrates alike, so the draft model is weighed
+    # by the table and its acceptance; on the wall clock its steps, timed on a machine busy with other work, could
+    # price it out before a second round drafted with it (its catch-ups are still timed by the drafter, on the wall)
+    with clock.replaced(lambda: 0.0):
+        result = engine.generate(ragged_requests(6), params)
     assert token_ids(result) == reference
     assert result.stats.drafted_per_drafter.get("model", 0) > 0
     policy = engine.length_policy
@@ -233,7 +244,10 @@ def test_under_a_dynamic_length_combination_runs_only_where_extra_rows_are_nearl
     # probe's rows go to the free methods in some runs, which find nothing on these prompts (the same lengths chosen,
     # nothing drafted: 2 of 5 runs in session 33; 6 of 6 drafted with this)
     drafters[0].catch_up_estimate_s = lambda state, slots, steady=0: 0.0
-    result = engine.generate(ragged_requests(3), params)
+    # and a clock that stands still: drafting costs nothing and every width calibrates alike, so the lengths and the
+    # combination's cost follow the table; on the wall clock the target's own draft steps are timed against it
+    with clock.replaced(lambda: 0.0):
+        result = engine.generate(ragged_requests(3), params)
     assert token_ids(result) == reference
     assert result.stats.drafted_tokens > 0 and (len(calls) > 0) == combined, len(calls)
 
