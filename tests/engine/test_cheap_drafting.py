@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from specactor_engine import clock
 from specactor_engine.drafters import DraftRequest, DrafterContext
 from specactor_engine.counter_hash import token_hash_of
 from specactor_engine.drafters.draft_head import DraftHead, float_linear
@@ -446,16 +447,19 @@ def test_the_engine_defers_the_prefill_of_a_costly_draft_model_out_of_use_and_st
     config = rollout("specactor", num_draft_tokens=3, max_batch_size=4, verify_length="dynamic")
     engine = Engine(target, tokenizer, config, max_model_len=MAX_LEN, check_invariants=True,
                     drafters=[model, make_drafter("suffix", target, torch.float64)])
-    # probe_budget=1: the probes fall due by their interval alone. At the default 5% they wait for the measured round
-    # seconds to outweigh the catch-up's measured feeds, a race of two clocks: CI's machine ran all 69 rounds
-    # without one (session 53's commits), this one probed at round 50 (the budget has its own test, test_verify_length.py)
+    # probe_budget=1 and a clock that stands still (below): the probes fall due by their interval alone. On the wall
+    # clock they wait for the measured round seconds to outweigh the catch-up a probe would pay, a race of two clocks:
+    # at the default 5% CI's machine ran all 69 rounds without one (session 53's commits), this one probed at round
+    # 50; at 1 a probe still waits as many rounds as that catch-up takes rounds, and it grows with every round the
+    # model is out (the budget has its own test, test_verify_length.py)
     engine.length_policy = VerifyLengthPolicy(table(0.01, 0.0001), AcceptanceStats(max_k=3), probe_every=4,
                                               probe_budget=1.0)
     engine.length_policy.draft_s_by_method["model"] = 1.0  # measured costly, and not in use
     # probed all the same (a model this costly could not pay, so the probe gate would keep it out; this test is about
     # what its probes do, the gate has its own test in test_verify_length.py)
     engine.length_policy._probe_may_pay = lambda *args: True
-    result = engine.generate(ragged_requests(6), params)
+    with clock.replaced(lambda: 0.0):
+        result = engine.generate(ragged_requests(6), params)
     assert token_ids(result) == reference
     assert False in calls  # some admissions deferred its prefill
     assert engine.length_policy.shadowed == {"suffix"}  # its deep positions are its shadows' to measure, not probes'
