@@ -144,6 +144,7 @@ def test_the_workers_best_case_reads_the_acceptance_of_the_workers_own_drafts(mo
     the paused arm's rate (session 46)."""
     import torch
 
+    from specactor_engine import clock
     from specactor_engine.decoupled.launch import DrafterWorkers
     from specactor_engine.engine import Engine
     from specactor_engine.proposer import WORKERS
@@ -156,7 +157,11 @@ def test_the_workers_best_case_reads_the_acceptance_of_the_workers_own_drafts(mo
     engine = Engine(target, make_tokenizer(), config, max_model_len=MAX_LEN,
                     workers=DrafterWorkers(_RecordingCoordinator(), verifier_threads=1))
     params = sampling(1.0, max_new_tokens=16, ignore_eos=True)
-    engine.generate(ragged_requests(3), params)
+    # a clock that stands still in every call: the bounds compared below are read at the same calibration (every width
+    # alike) and realised factor (none measured); on the wall clock the workers' rounds of the call between them, if
+    # the arm is explored (a race of the measured paused rate against the bound), move both
+    with clock.replaced(lambda: 0.0):
+        engine.generate(ragged_requests(3), params)
     policy = engine.length_policy
 
     def certain(stats) -> None:  # every draft accepted, over many rounds
@@ -175,9 +180,11 @@ def test_the_workers_best_case_reads_the_acceptance_of_the_workers_own_drafts(mo
     monkeypatch.setattr(DecouplingPolicy, "choose", choose)
     certain(policy.stats)  # the pooled statistics say every draft is accepted; the workers' are unobserved
     policy.by_method.pop(WORKERS, None)
-    engine.generate(ragged_requests(3), params)
+    with clock.replaced(lambda: 0.0):
+        engine.generate(ragged_requests(3), params)
     unobserved = bounds[0]
     certain(policy.method_stats(WORKERS))
     bounds.clear()
-    engine.generate(ragged_requests(3), params)
+    with clock.replaced(lambda: 0.0):
+        engine.generate(ragged_requests(3), params)
     assert bounds[0] > 1.2 * unobserved
