@@ -18,11 +18,11 @@ drafter worker.
 
 from __future__ import annotations
 
-import time
 from typing import Any, Iterable
 
 import torch
 
+from specactor_engine import clock
 from specactor_engine.drafters.base import DraftRequest, Drafter, DrafterContext, register_drafter
 from specactor_engine.drafters.draft_head import DraftHead, grow_vocab, growing_vocab, propose_rows
 from specactor_engine.drafters.model import fitting_batches, prefill_prompts
@@ -155,10 +155,10 @@ class FeatureDrafter(Drafter):
         if self.grows:
             self._vocab_seen[slots] = 0
             grow_vocab(self.vocab, self._vocab_seen, state, slots)
-        started = time.perf_counter()
+        started = clock.now()
         fed = prefill_prompts(state, slots, self.runner,
                               lambda _, rows, lengths: self._feed(state, rows, lengths, "none"))
-        self.observe_feed(time.perf_counter() - started, fed)
+        self.observe_feed(clock.now() - started, fed)
 
     # ------------------------------------------------------------------ drafting
     def propose(self, state: SequenceState, request: DraftRequest) -> DraftProposal:
@@ -199,7 +199,7 @@ class FeatureDrafter(Drafter):
     def _catch_up(self, state: SequenceState, slots: torch.Tensor, committed: torch.Tensor, k: int) -> None:
         """Rows that fell behind (rounds drafted by another method) are fed up to their last k + 1 committed
         tokens in a forward of its own, timed as `catch_up_s` (ModelDrafter._catch_up's reasoning)."""
-        started = time.perf_counter()
+        started = clock.now()
         behind = committed - self.runner.lengths[slots]
         late = behind > k + 1
         if bool(late.any()):
@@ -207,7 +207,7 @@ class FeatureDrafter(Drafter):
             start = self.runner.lengths[rows]
             for part in fitting_batches(start, upto - start, self.runner.cache.max_len):  # padded blocks fit the cache
                 self._feed(state, rows[part], upto[part], "none")
-            self.catch_up_s = time.perf_counter() - started
+            self.catch_up_s = clock.now() - started
             self.observe_feed(self.catch_up_s, int((upto - start).sum()))
 
     def behind(self, state: SequenceState, slots: torch.Tensor) -> torch.Tensor:

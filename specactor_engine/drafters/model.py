@@ -19,11 +19,11 @@ draft is only a proposal):
 
 from __future__ import annotations
 
-import time
 from typing import Any, Callable, Iterable
 
 import torch
 
+from specactor_engine import clock
 from specactor_engine.drafters.base import DraftRequest, Drafter, DrafterContext, register_drafter
 from specactor_engine.drafters.draft_head import DraftHead, grow_vocab, growing_vocab, propose_rows
 from specactor_engine.model.draft_vocab import GrowingVocab, SubsetHead
@@ -191,9 +191,9 @@ class ModelDrafter(Drafter):
             self._vocab_seen[slots] = 0
             grow_vocab(self.vocab, self._vocab_seen, state, slots)
         if prefill:
-            started = time.perf_counter()
+            started = clock.now()
             fed = prefill_prompts(state, slots, self.runner, self._prefill)
-            self.observe_feed(time.perf_counter() - started, fed)
+            self.observe_feed(clock.now() - started, fed)
         else:
             self._prompt_leader[slots] = slots[prompt_leaders(state, slots)[2]]
 
@@ -242,7 +242,7 @@ class ModelDrafter(Drafter):
         tokens in a forward of its own, timed as `catch_up_s`: what a round drafting with this model in
         every round feeds (the accepted drafts and the bonus token) stays in the first draft step, so the
         steady drafting cost is measured apart from the cost of switching to it."""
-        started = time.perf_counter()
+        started = clock.now()
         # rows admitted without their prefill: their prompts first, a GRPO group's once (its rows copy the KV). Fed
         # with the rest, trace D's group of 4 fed its 85-token prompt 4 times over (0.46 s against ~0.12 s)
         unfed = slots[(self.runner.lengths[slots] == 0) & (state.prompt_lengths[slots] > 1)]
@@ -258,7 +258,7 @@ class ModelDrafter(Drafter):
                 self.runner.commit(rows[part], counts[part])
             fed += int(counts.sum())
         if fed:
-            self.catch_up_s = time.perf_counter() - started
+            self.catch_up_s = clock.now() - started
             self.observe_feed(self.catch_up_s, fed)
 
     def behind(self, state: SequenceState, slots: torch.Tensor) -> torch.Tensor:
