@@ -19,6 +19,14 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("torch", "transformers", "tokenizers", "numpy", "reasoning_gym", "specactor")
 
 
+def log_engine_progress() -> None:
+    """A run's process (worker.py, paired.py) logs the engine's one-off long work into its run log (stderr): the
+    verify-cost profile's first measurement on a machine (minutes), a model's conversion; the rest stays quiet."""
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    for name in ("specactor_engine.policies.cost_profile", "specactor_engine.model.registry"):
+        logging.getLogger(name).setLevel(logging.INFO)
+
+
 def cpu_flags() -> list[str]:
     """The vector-extension flags that decide CPU kernel speed (avx2, avx512*, amx*)."""
     try:

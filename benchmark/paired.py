@@ -345,9 +345,11 @@ def run_paired_worker(specs: Sequence[tuple[str, Any]], out_json: Path) -> dict[
 
 
 def main(argv: list[str] | None = None) -> None:
+    from benchmark.machine import log_engine_progress
     from benchmark.systems import RunSpec
 
     args = sys.argv[1:] if argv is None else argv
+    log_engine_progress()
     if len(args) != 2:
         raise SystemExit("usage: python -m benchmark.paired SPECS.json OUT.json")
     specs = [(label, RunSpec.from_dict(spec)) for label, spec in json.loads(Path(args[0]).read_text(encoding="utf-8"))]

@@ -23,7 +23,7 @@ from typing import Any, Callable, TypeVar
 
 import torch
 
-from benchmark.machine import busy_cpu_s, read_bandwidth_gbps
+from benchmark.machine import busy_cpu_s, log_engine_progress, read_bandwidth_gbps
 from benchmark.metrics import tail_time
 from benchmark.systems import FinishClock, Generation, RunSpec, build_system
 from benchmark.traces import build_requests, sampling_config
@@ -121,6 +121,7 @@ def _figures(spec: RunSpec, generation: Generation, clock: FinishClock, makespan
 
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
+    log_engine_progress()
     if len(args) != 2:
         raise SystemExit("usage: python -m benchmark.worker SPEC.json OUT.json")
     spec = RunSpec.from_dict(json.loads(Path(args[0]).read_text(encoding="utf-8")))

@@ -117,10 +117,13 @@ def measure_verify_costs(runner: ModelRunner, batches: tuple[int, ...], widths: 
                               _spread(total, rows)))
     best = [float("inf")] * len(cells)
     for sweep in range(REPEATS + 1):  # the first is a warm-up
+        started = time.perf_counter()
         for i, (tokens, slots, keys, row_widths) in enumerate(cells):
             seconds = _timed_round(runner, tokens, slots, keys, row_widths, context, params)
             if sweep:
                 best[i] = min(best[i], seconds)
+        logger.info("verify-cost profile at context %d: sweep %d of %d (%d rounds) took %.1f s", context, sweep + 1,
+                    REPEATS + 1, len(cells), time.perf_counter() - started)
     seconds_table = tuple(tuple(best[i] for i in row) for row in plain_cells)
     # a token more never costs less: the running maximum keeps a timing's noise (a few ms) from pricing a cut
     packed_table = tuple(tuple(np.maximum.accumulate([best[i] for i in row]).tolist()) if row else ()
@@ -185,6 +188,9 @@ def _load_or_measure(runner: ModelRunner, max_rows: int, max_k: int, cache_dir: 
             return CostProfile.load(path)
         except (ValueError, KeyError, TypeError, json.JSONDecodeError) as exc:
             logger.warning("ignoring unreadable cost profile %s (%s); measuring again", path, exc)
+    logger.info("measuring the verify cost once for this model, machine and batch (batches %s x widths %s x contexts "
+                "%s, %d sweeps each; minutes on a CPU), to be cached at %s", batches, widths, contexts, REPEATS + 1,
+                path)
     started = time.perf_counter()
     profile = CostProfile(tuple(measure_verify_costs(runner, batches, widths, c, packed) for c in contexts))
     profile.save(path)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 
@@ -150,17 +152,26 @@ def test_shadow_drafts_find_good_drafts_while_decoding_plainly(fp64_target, shad
         assert set(history) == {0}
 
 
-def test_cost_profile_is_measured_once_and_cached(tmp_path):
+def test_cost_profile_is_measured_once_and_cached(tmp_path, caplog):
+    """Measured once (minutes on a real model: it says so, and logs each sweep), then read from the cache."""
     target = make_tiny_model("llama", seed=2)
     runner = ModelRunner(target)
-    first = load_or_measure(runner, max_rows=5, max_k=2, cache_dir=tmp_path)
+    with caplog.at_level(logging.INFO, logger="specactor_engine.policies.cost_profile"):
+        first = load_or_measure(runner, max_rows=5, max_k=2, cache_dir=tmp_path)
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages[0].startswith("measuring the verify cost once") and str(tmp_path) in messages[0]
+    sweeps = [m for m in messages if ": sweep " in m]
+    assert len(sweeps) == 2 * 4 and sweeps[-1].startswith("verify-cost profile at context 256: sweep 4 of 4")
+    caplog.clear()
     assert first.batch_sizes == profile_batches(5) == (1, 4, 5)
     assert first.widths == (1, 2, 3)
     assert [t.context for t in first.tables] == [128, 256]  # the short context and the default longest
     assert all(s > 0 for t in first.tables for row in t.seconds for s in row)
     files = list((tmp_path / "cost_profiles").glob("*.json"))
     assert len(files) == 1
-    assert load_or_measure(runner, max_rows=5, max_k=2, cache_dir=tmp_path) == first  # read back, not re-measured
+    with caplog.at_level(logging.INFO, logger="specactor_engine.policies.cost_profile"):
+        assert load_or_measure(runner, max_rows=5, max_k=2, cache_dir=tmp_path) == first  # read back, not re-measured
+    assert not caplog.records
     assert load_or_measure(runner, max_rows=5, max_k=3, cache_dir=tmp_path).widths == (1, 2, 3, 4)
     assert len(list((tmp_path / "cost_profiles").glob("*.json"))) == 2
 
