@@ -34,6 +34,9 @@ from specactor_engine.stopping import StopRules, find_stop_string, truncate_emit
 from specactor_engine.types import DraftProposal, EngineStats, Request
 from specactor_engine.verifier import PACK_MAX_ROWS, Verifier
 
+# draft trimming applies to rounds of at most this many rows: packed (a cut saves nothing in a padded round) and priced
+# by the startup profile's packed rounds, measured up to PACKED_MAX_ROWS (`Run._trims`)
+TRIM_MAX_ROWS = min(PACK_MAX_ROWS, PACKED_MAX_ROWS)
 TRIM_HEAP_EVERY = 32  # rounds between checks whether freed heap memory is due back to the OS (heap.py `trim_heap`)
 COMBINE_MAX_EXTRA = 0.1  # combination's candidate rows may add at most this share to a round's predicted cost
 
@@ -329,7 +332,7 @@ class Run:
         nothing in a padded round), and at most PACKED_MAX_ROWS rows: the startup profile measures packed rounds up
         to there, and past it a cut would be priced by the padded widths' interpolation."""
         return self.engine.trim_calibration is not None and plan.policy is not None and plan.cap > 0 \
-            and self.verifier.pack and len(plan.slots) <= min(PACK_MAX_ROWS, PACKED_MAX_ROWS)
+            and self.verifier.pack and len(plan.slots) <= TRIM_MAX_ROWS
 
     def _trim_seconds(self, plan: RoundPlan, drafting_s: float) -> Callable[[int], float]:
         """What draft trimming prices a round at: `drafting_s` plus a packed verify of n real tokens."""

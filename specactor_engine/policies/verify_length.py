@@ -438,6 +438,14 @@ class VerifyLengthPolicy:
     # the more the nearer their width
     stale_rounds: int = 32
     neighbour_share: float = 0.5
+    # rounds of at most this many rows are draft-trimmed (the engine's `Run._trims`; 0: none): a width k + 1 round
+    # verifies only the drafts trimming keeps, so wide widths run far below the profile's line through the narrow,
+    # untrimmed ones, and a stale width wider than every fresh one is not pulled to their line there but follows the
+    # widest fresh width's drift (`_pull_stale`). Trace D, session 58: one `specactor` run of six held k = 1 for 193
+    # of 378 rounds once a slow spell had it decode narrow; widths 4-5, last run at 0.66 and 0.59 of the profile,
+    # were pulled to the line through widths 1-2 (1.09-1.07), so deeper drafts looked dear and were not run to show
+    # otherwise (accept len 2.03 against 2.26-2.41)
+    trimmed_rows: int = 0
     fresh: set[str] = field(default_factory=set)  # methods observed since the last `choose`
     # an assignment whose best expected rate at its last weighing was below `far_share` of the chosen round's is
     # weighed again only `far_every` rounds later (`far_options`), unless its methods are in use or it is the first
@@ -1041,14 +1049,14 @@ class VerifyLengthPolicy:
             self.seen_at[key] = len(self.history)
             previous = self.scale.get(key)
             self.scale[key] = ratio if previous is None else previous + self.decay * (ratio - previous)
-            self._pull_stale(key)
+            self._pull_stale(key, previous)
             if key is not pooled:  # the method set's factor relative to the pooled one, long-run
                 relative = self.scale[key] / self.scale[pooled]
                 long = self.scale_long.get(key)
                 self.scale_long[key] = relative if long is None else long + self.realised_decay * (relative - long)
                 self.scale_fresh.add(key)
 
-    def _pull_stale(self, observed: tuple[str, int, int]) -> None:
+    def _pull_stale(self, observed: tuple[str, int, int], previous: float | None = None) -> None:
         """Widths of the same regime and bucket not observed for `stale_rounds` move toward the factor the widths
         observed since put them at (`_line_factor`), `decay x neighbour_share^|width difference|` of the way: what a
         round costs against the profile drifts (the machine's load, the caches, the host work) for every width, and a
@@ -1058,12 +1066,27 @@ class VerifyLengthPolicy:
         alone moved between 2 and 3 with its acceptance. Toward the line, not toward the observed width's factor:
         plain rounds carry a fixed share that wider ones do not (session 50, trace D: plain 4-row rounds at ~1.7x the
         profile, k = 3-4 at ~1.0x), and pulled to the wider widths' factor, plain decoding was expected at 43-47
-        tokens/s where it ran at 32 (session 49) and at 40-45 where it ran at 33 (session 50)."""
+        tokens/s where it ran at 32 (session 49) and at 40-45 where it ran at 33 (session 50).
+
+        Where the engine trims drafts (`trimmed_rows`), a stale width wider than every fresh one is not pulled to the
+        line: the line through narrow, untrimmed widths prices trimmed wide rounds far above what they cost (session
+        58). It follows the widest fresh width's drift instead, by the same factor (`previous`: that width's factor
+        before this round), so the ratio it last ran at stands while the machine's state moves every width: kept
+        still, widths 4-5 last run in a slow spell (1.31-1.33x the profile) stayed there once narrow rounds were
+        back at 1.13-1.18x, and a paired repeat held k = 2 (session 58)."""
         regime, bucket, width = observed
         now = len(self.history)
+        trimmed = bucket <= self.trimmed_rows
+        fresh = [w for (r, b, w) in self.scale if r == regime and b == bucket
+                 and now - self.seen_at.get((r, b, w), -1) <= self.stale_rounds] if trimmed else []
+        widest_fresh = max(fresh + [width])
+        drift = self.scale[observed] / previous if previous and width == widest_fresh else 1.0
         for other in self.scale:  # values change, keys do not
             if other[0] == regime and other[1] == bucket and other[2] != width and \
                     now - self.seen_at.get(other, -1) > self.stale_rounds:
+                if trimmed and other[2] > widest_fresh:
+                    self.scale[other] = min(max(self.scale[other] * drift, MIN_SCALE), MAX_SCALE)
+                    continue
                 share = self.decay * self.neighbour_share ** abs(other[2] - width)
                 self.scale[other] += share * (self._line_factor(regime, bucket, other[2]) - self.scale[other])
 

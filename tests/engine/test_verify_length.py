@@ -274,6 +274,47 @@ def test_a_stale_plain_width_follows_the_line_not_the_wider_widths_factor():
     assert policy.calibration(1, rows=8) == pytest.approx(1.0 + 0.2 * 0.5 * (1.625 - 1.0))
 
 
+@pytest.mark.parametrize("trimmed_rows", [0, 8])
+def test_trimmed_wide_widths_follow_the_narrow_widths_drift_not_their_line(trimmed_rows):
+    """Draft trimming verifies only the drafts that pay, so wide rounds run far below the profile's line through the
+    narrow, untrimmed widths. Trace D, session 58: after a slow spell one `specactor` run decoded at k = 1 for 193
+    rounds, and widths 4-5 (last run at ~0.6 of the profile) were pulled to the line through widths 1-2 (~1.1),
+    which kept deeper drafts looking dear. Where the engine trims (`trimmed_rows`), a stale width wider than every
+    fresh one follows the widest fresh width's drift instead (the machine's state moves every width), so its ratio
+    to it stands; narrower stale widths still follow the line, and untrimmed batches are unchanged."""
+    profile = linear_table(0.05, 0.02)  # 8 rows: 0.05 + 0.16 x width
+    accept = [0.9, 0.7, 0.5, 0.3]  # E[k] 1.9, 2.6, 3.1, 3.4
+    policy = policy_with(profile, accept, decay=0.2, trimmed_rows=trimmed_rows)
+
+    def run(k: int, factor: float) -> None:
+        policy.history.append(k)  # what `choose` records
+        policy.observe_round(k, [k] * 8, [0] * 8, draft_s=0.0, round_s=factor * profile.cost(8, k + 1), rows=8)
+
+    for _ in range(10):  # every width observed: plain and k = 1 at the profile, trimmed k = 3-4 at 0.6 of it
+        for k, factor in ((0, 1.0), (1, 1.0), (3, 0.6), (4, 0.6)):
+            run(k, factor)
+    for _ in range(2 * policy.stale_rounds):  # then k = 1 alone: widths 4-5 go stale
+        run(1, 1.0)
+    policy.stats.accept_through = list(accept)
+    if trimmed_rows:
+        assert policy.calibration(5, rows=8) == pytest.approx(0.6, abs=1e-3)
+        assert policy.calibration(4, rows=8) == pytest.approx(0.6, abs=0.01)  # one round behind width 5
+    for _ in range(3 * policy.stale_rounds):  # a slow spell: k = 1 rounds at 1.1x
+        run(1, 1.1)
+    policy.stats.accept_through = list(accept)
+    if trimmed_rows:
+        assert policy.calibration(5, rows=8) == pytest.approx(0.6 * 1.1, abs=1e-3)  # width 2's drift
+        assert policy.calibration(4, rows=8) == pytest.approx(0.6 * 1.1, abs=0.01)
+        assert policy.best(8) == 3  # 8 x 3.1 tokens / (0.69 s x 0.66) against 8 x 1.9 / (0.37 s x 1.1) at k = 1
+        for _ in range(3 * policy.stale_rounds):  # and back, below where it started
+            run(1, 0.9)
+        assert policy.calibration(5, rows=8) == pytest.approx(0.6 * 0.9, abs=1e-3)
+    else:
+        assert policy.calibration(5, rows=8) > 1.0  # pulled to the narrow widths' line
+        assert policy.best(8) == 1
+    assert policy.calibration(1, rows=8) == pytest.approx(1.1 if not trimmed_rows else 0.9, abs=0.02)  # the line
+
+
 def test_per_width_calibration_undoes_a_profile_that_overestimates_plain_rounds():
     """A profile that says plain rounds cost 0.5 s when they take 0.3 s, but gets wider rounds right,
     made wider rounds look relatively cheap; once both widths are observed the policy decodes plainly."""
