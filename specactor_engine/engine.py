@@ -29,7 +29,7 @@ from specactor_engine.modes import MODES
 from specactor_engine.policies.cost_profile import load_or_measure
 from specactor_engine.policies.verify_length import AcceptanceStats, CostProfile, CostTable, VerifyLengthPolicy
 from specactor_engine.policies.draft_trim import ConfidenceCalibration
-from specactor_engine.run import TRIM_MAX_ROWS, Run, SampleRecord
+from specactor_engine.run import Run, SampleRecord, trim_rows
 from specactor_engine.sampling import sequence_key
 from specactor_engine.tokenize import encode_request, eos_token_ids
 from specactor_engine.types import EngineStats, Request, RolloutResult, SequenceOutput
@@ -289,9 +289,7 @@ class Engine:
                                                     prior_share=self._cost_shares())
         else:
             self.length_policy.cost = table
-        # rounds the engine trims (Run._trims) realise wide widths below the profile's line through narrow ones
-        trims = self.trim_calibration is not None and self.packed_verify and self.runner.device.type == "cpu"
-        self.length_policy.trimmed_rows = TRIM_MAX_ROWS if trims else 0
+        self.length_policy.trimmed_rows = trim_rows(self)  # trimmed rounds run wide widths below the profile's line
         if regimes is not None:  # measured now: the policy's per-regime profiles go with the new table
             self.length_policy.regime_costs = regimes
         # a feed (prefill, catch-up) is a wide forward: a target token of the widest profiled verify, times the share

@@ -65,6 +65,13 @@ class EngineView(Protocol):
     trim_calibration: ConfidenceCalibration | None
 
 
+def trim_rows(engine: EngineView) -> int:
+    """Rounds of at most this many rows have their drafts trimmed (0: none): draft trimming on, and the verify packed,
+    which it is on a CPU (`Run._trims`; the verify-length policy prices stale wide widths apart there)."""
+    packed = engine.packed_verify and engine.runner.device.type == "cpu"
+    return TRIM_MAX_ROWS if engine.trim_calibration is not None and packed else 0
+
+
 @dataclass
 class SampleRecord:
     """Bookkeeping of one sample while it is decoded."""
@@ -145,7 +152,8 @@ class Run:
                                  self._output_of)
         self.verifier = Verifier(self.runner, self.state, self.params, stats, rejection, engine.vocab_size,
                                  self.scratch, selector, pack=engine.packed_verify and self.runner.device.type == "cpu")
-        self.proposer.confidence = engine.trim_calibration is not None and self.verifier.pack
+        self.trim_rows = trim_rows(engine)
+        self.proposer.confidence = self.trim_rows > 0
         if self.coordinator is not None:
             spec = SamplingSpec(sampling.temperature, sampling.top_k, sampling.top_p, sampling.max_new_tokens)
             self.coordinator.reset(num_slots, max_len, spec, window=2 * engine.num_draft_tokens,
@@ -331,8 +339,7 @@ class Run:
         """Draft trimming applies to this round: on, under the dynamic verify length, drafting, packed (a cut saves
         nothing in a padded round), and at most PACKED_MAX_ROWS rows: the startup profile measures packed rounds up
         to there, and past it a cut would be priced by the padded widths' interpolation."""
-        return self.engine.trim_calibration is not None and plan.policy is not None and plan.cap > 0 \
-            and self.verifier.pack and len(plan.slots) <= TRIM_MAX_ROWS
+        return plan.policy is not None and plan.cap > 0 and len(plan.slots) <= self.trim_rows
 
     def _trim_seconds(self, plan: RoundPlan, drafting_s: float) -> Callable[[int], float]:
         """What draft trimming prices a round at: `drafting_s` plus a packed verify of n real tokens."""
