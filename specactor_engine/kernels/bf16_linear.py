@@ -6,18 +6,31 @@ the AMD EPYC (Zen 4) it ran a Qwen2.5-1.5B decode step at 4 rows 1.18-1.57x and 
 than oneDNN's bf16 GEMM (bench/session39), and a row's bits are the same whatever else is in the call. `available()` is where
 `PackedLinear` uses it: bf16 on a CPU with avx512_bf16 and without AMX (oneDNN's AMX kernels are faster there)
 and the extension built. `bf16_linear_reference` is the same arithmetic in torch, for the tests.
+
+The kernel runs that arithmetic one of two ways with the same bits (csrc/bf16_linear.cpp): VDPBF16PS, or two fp32
+FMAs per pair on the weight widened in registers. Which is faster depends on the CPU: on the AMD EPYC (Zen 4)
+VDPBF16PS does twice an FMA's work, on the Intel Xeon of sessions 54-59 half of it (one every 2 cycles), and the
+FMAs ran a 12-row product 1.6x faster there. `variant()` times both once per process on a product whose weight
+stays in cache and keeps the faster; SPECACTOR_BF16_KERNEL=dpbf16 or fma chooses instead.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
+import os
+import time
 from pathlib import Path
 
 import torch
 
 from specactor_engine.kernels.build import extension_available
 
+logger = logging.getLogger(__name__)
+
 GROUP = 32  # output columns a packed group holds (csrc/bf16_linear.cpp)
+VARIANTS = ("dpbf16", "fma")  # the kernel's `variant` argument is the index
+VARIANT_ENV = "SPECACTOR_BF16_KERNEL"
 
 
 @functools.lru_cache(maxsize=1)
@@ -44,11 +57,44 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
     return torch.ops.specactor.bf16_linear_pack(weight.detach().contiguous())
 
 
-def linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int) -> torch.Tensor:
-    """x [..., K] bf16 -> [..., out_features] bf16 with a weight from `pack`."""
+def linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int,
+           kernel: str | None = None) -> torch.Tensor:
+    """x [..., K] bf16 -> [..., out_features] bf16 with a weight from `pack`; kernel: one of VARIANTS (None:
+    `variant()`), which changes the speed, never the bits."""
     rows = x.reshape(-1, x.shape[-1])
-    y = torch.ops.specactor.bf16_linear(rows, packed, bias, out_features)
+    y = torch.ops.specactor.bf16_linear(rows, packed, bias, out_features, VARIANTS.index(kernel or variant()))
     return y.reshape(*x.shape[:-1], out_features)
+
+
+@functools.lru_cache(maxsize=1)
+def variant() -> str:
+    """The faster way to run the kernel here: SPECACTOR_BF16_KERNEL if set, else the one that ran a 12-row product
+    over a 1024 x 1536 weight (in cache) faster, timed now (a few ms, once per process)."""
+    forced = os.environ.get(VARIANT_ENV, "").strip()
+    if forced:
+        if forced not in VARIANTS:
+            raise ValueError(f"{VARIANT_ENV}={forced!r}: expected one of {', '.join(VARIANTS)} (or unset to time both)")
+        return forced
+    times = time_variants()
+    chosen = min(VARIANTS, key=times.__getitem__)
+    logger.info("bf16 linear kernel: %s (a 12-row product took %s)", chosen,
+                ", ".join(f"{times[v] * 1e3:.3f} ms with {v}" for v in VARIANTS))
+    return chosen
+
+
+def time_variants(rows: int = 12, n: int = 1024, k: int = 1536, calls: int = 9) -> dict[str, float]:
+    """Each variant's best time (s) for one rows x k by k x n product, the variants' calls interleaved."""
+    generator = torch.Generator().manual_seed(0)
+    packed = pack(torch.randn(n, k, generator=generator).bfloat16())
+    x = torch.randn(rows, k, generator=generator).bfloat16()
+    best = {v: float("inf") for v in VARIANTS}
+    for call in range(calls + 1):
+        for index, name in enumerate(VARIANTS):
+            started = time.perf_counter()
+            torch.ops.specactor.bf16_linear(x, packed, None, n, index)
+            if call:  # the first call of each warms up
+                best[name] = min(best[name], time.perf_counter() - started)
+    return best
 
 
 def bf16_linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

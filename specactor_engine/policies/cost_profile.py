@@ -23,6 +23,7 @@ from typing import Iterator
 import numpy as np
 import torch
 
+from specactor_engine.kernels import bf16_linear
 from specactor_engine.kernels.build import sources_digest
 from specactor_engine.model.runner import ModelRunner
 from specactor_engine.sampling import SamplingParams, sample_tokens
@@ -78,6 +79,8 @@ def profile_key(runner: ModelRunner, batches: tuple[int, ...], widths: tuple[int
     }
     if runner.projections is not None or runner.paged_attention:  # a kernel edit makes its costs stale by itself
         facts["kernel_sources"] = sources_digest()
+    if runner.projections is not None and runner.dtype == torch.bfloat16 and bf16_linear.available():
+        facts["bf16_kernel"] = bf16_linear.variant()  # same bits, not the same speed
     if packed:  # profiles without packed rounds keep their keys (and caches)
         facts["packed"] = PACKED_MAX_ROWS
     return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:16]

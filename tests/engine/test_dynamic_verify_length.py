@@ -196,6 +196,26 @@ def test_a_kernel_edit_makes_the_cached_profile_stale(tmp_path, monkeypatch):
     assert cost_profile.profile_key(plain, (1,), (1, 2), 256) == key_then  # torch's own ops: no kernel in the key
 
 
+def test_the_bf16_kernels_variant_is_in_the_profile_key(monkeypatch):
+    """The bf16 kernel's two variants give the same bits at different speeds: a profile measured with one must
+    not price the other's rounds. fp32 models do not use it, and their keys do not change with it."""
+    from specactor_engine.kernels import bf16_linear
+    from specactor_engine.policies import cost_profile
+
+    if not bf16_linear.available():
+        pytest.skip("the bf16 kernel serves CPUs with AVX-512 BF16 and no AMX")
+    bf16 = ModelRunner(make_tiny_model("llama", seed=2).to(torch.bfloat16))
+    fp32 = ModelRunner(make_tiny_model("llama", seed=2))
+    assert bf16.projections is not None and bf16.dtype == torch.bfloat16
+    keys = {}
+    for variant in bf16_linear.VARIANTS:
+        monkeypatch.setattr(bf16_linear, "variant", lambda v=variant: v)
+        keys[variant] = (cost_profile.profile_key(bf16, (1,), (1, 2), 256),
+                         cost_profile.profile_key(fp32, (1,), (1, 2), 256))
+    assert keys["dpbf16"][0] != keys["fma"][0]
+    assert keys["dpbf16"][1] == keys["fma"][1]
+
+
 def test_engine_profiles_on_first_dynamic_generate(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECACTOR_CACHE_DIR", str(tmp_path))
     target = make_tiny_model("llama", seed=2)

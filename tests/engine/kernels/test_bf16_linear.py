@@ -1,5 +1,6 @@
-"""kernels/bf16_linear: the packed linears' bf16 kernel equals its torch reference bit for bit, and a row's bits
-do not depend on the other rows of the call (what keeps a verify block and a decode step identical)."""
+"""kernels/bf16_linear: the packed linears' bf16 kernel equals its torch reference bit for bit in both of its
+variants (VDPBF16PS, fp32 FMAs), denormals included, and a row's bits do not depend on the other rows of the call
+(what keeps a verify block and a decode step identical)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ def weights(n: int, k: int, bias: bool, seed: int = 0) -> tuple[torch.Tensor, to
     return weight, (torch.randn(n, generator=generator).bfloat16() if bias else None)
 
 
+@pytest.mark.parametrize("kernel", bf16_linear.VARIANTS)
 @pytest.mark.parametrize("rows, k, n, bias", [
     (1, 64, 40, False),    # one row; N not a multiple of the 32-column group
     (5, 64, 96, True),     # a tile of 5 rows, with a bias
@@ -30,10 +32,10 @@ def weights(n: int, k: int, bias: bool, seed: int = 0) -> tuple[torch.Tensor, to
     (20, 32, 32, True),    # two tiles of 10
     (25, 96, 64, True),    # three tiles (9, 8, 8)
 ])
-def test_the_kernel_equals_its_reference_bit_for_bit(rows, k, n, bias):
+def test_the_kernel_equals_its_reference_bit_for_bit(rows, k, n, bias, kernel):
     weight, b = weights(n, k, bias)
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(1)).bfloat16()
-    got = bf16_linear.linear(x, bf16_linear.pack(weight), b, n)
+    got = bf16_linear.linear(x, bf16_linear.pack(weight), b, n, kernel)
     want = bf16_linear.bf16_linear_reference(x, weight, b)
     assert got.dtype == torch.bfloat16 and got.shape == (rows, n)
     assert torch.equal(got, want)
@@ -41,15 +43,56 @@ def test_the_kernel_equals_its_reference_bit_for_bit(rows, k, n, bias):
     assert (got.double() - exact).abs().max() <= 2**-7 * exact.abs().max()  # within bf16's rounding of the result
 
 
-def test_a_rows_bits_are_the_same_alone_and_among_any_rows():
+@pytest.mark.parametrize("kernel", bf16_linear.VARIANTS)
+def test_a_rows_bits_are_the_same_alone_and_among_any_rows(kernel):
     """Rows are tiled by at most 12 with the remainder spread (13 = 7 + 6, 20 = 10 + 10, 25 = 9 + 8 + 8): a row's
     tile and its place in it change with the row count, its bits must not."""
     weight, b = weights(100, 96, bias=True, seed=2)
     packed = bf16_linear.pack(weight)
     x = torch.randn(28, 96, generator=torch.Generator().manual_seed(3)).bfloat16()
-    full = bf16_linear.linear(x, packed, b, 100)
+    full = bf16_linear.linear(x, packed, b, 100, kernel)
     for rows in (1, 2, 3, 4, 7, 9, 12, 13, 17, 25):
-        assert torch.equal(bf16_linear.linear(x[-rows:], packed, b, 100), full[-rows:]), rows
+        assert torch.equal(bf16_linear.linear(x[-rows:], packed, b, 100, kernel), full[-rows:]), rows
+
+
+def bf16_bits(*values: int) -> torch.Tensor:
+    """bf16 values from their 16-bit patterns."""
+    return torch.tensor([v - (1 << 16) if v >= 1 << 15 else v for v in values], dtype=torch.int16).view(torch.bfloat16)
+
+
+def test_the_variants_agree_on_denormals_as_vdpbf16ps_treats_them():
+    """VDPBF16PS reads a denormal input as zero and flushes a denormal result (DAZ, FTZ); the FMA variant must too.
+    2^-133 (a denormal) times 2^100 is 2^-33 if the denormal is used, 0 if it is read as zero; four products of
+    2^-70 and 2^-70 sum to a denormal; denormals times 2^100 between 1 and -1 leave 0 only if read as zero."""
+    big, tiny, denormal = 0x7180, 0x1C80, 0x0001  # 2^100, 2^-70, the least positive bf16 denormal
+    x = torch.stack([bf16_bits(denormal, 0, 0, 0), bf16_bits(tiny, tiny, tiny, tiny), bf16_bits(big, big, 0, 0),
+                     bf16_bits(0x3F80, 0x8001, 0x3F80, 0x0040)])  # 1, -denormal, 1, a larger denormal
+    weight = torch.stack([bf16_bits(big, 0, 0, 0), bf16_bits(tiny, tiny, tiny, tiny),
+                          bf16_bits(denormal, 0x0040, 0, 0), bf16_bits(0x3F80, big, 0xBF80, big)])
+    packed = bf16_linear.pack(weight)
+    got = {v: bf16_linear.linear(x, packed, None, 4, v) for v in bf16_linear.VARIANTS}
+    assert torch.equal(got["dpbf16"].view(torch.int16), got["fma"].view(torch.int16))
+    assert got["fma"][0, 0].item() == 0.0  # denormal x 2^100 read as 0 (1e-8 otherwise)
+    assert got["fma"][1, 1].item() == 0.0  # 4 x 2^-140, denormal, flushed
+    assert got["fma"][3, 3].item() == 0.0  # 1 - 2^-133 2^100 - 1 + 2^-127 2^100: 63 2^-33 unless read as zero
+
+
+def test_the_variant_is_timed_once_or_chosen_by_the_environment(monkeypatch):
+    times = bf16_linear.time_variants(rows=4, n=64, k=64, calls=2)
+    assert set(times) == set(bf16_linear.VARIANTS) and all(0 < t < float("inf") for t in times.values())
+    bf16_linear.variant.cache_clear()
+    try:
+        monkeypatch.setenv(bf16_linear.VARIANT_ENV, "fma")
+        assert bf16_linear.variant() == "fma"
+        bf16_linear.variant.cache_clear()
+        monkeypatch.setenv(bf16_linear.VARIANT_ENV, "avx2")
+        with pytest.raises(ValueError, match="SPECACTOR_BF16_KERNEL='avx2': expected one of dpbf16, fma"):
+            bf16_linear.variant()
+        bf16_linear.variant.cache_clear()
+        monkeypatch.delenv(bf16_linear.VARIANT_ENV)
+        assert bf16_linear.variant() in bf16_linear.VARIANTS
+    finally:
+        bf16_linear.variant.cache_clear()
 
 
 def test_leading_dimensions_and_an_empty_input():
