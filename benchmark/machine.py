@@ -21,9 +21,11 @@ PACKAGES = ("torch", "transformers", "tokenizers", "numpy", "reasoning_gym", "sp
 
 def log_engine_progress() -> None:
     """A run's process (worker.py, paired.py) logs the engine's one-off long work into its run log (stderr): the
-    verify-cost profile's first measurement on a machine (minutes), a model's conversion; the rest stays quiet."""
+    verify-cost profile's first measurement on a machine (minutes), a model's conversion, which way the bf16 kernel
+    runs; the rest stays quiet."""
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
-    for name in ("specactor_engine.policies.cost_profile", "specactor_engine.model.registry"):
+    for name in ("specactor_engine.policies.cost_profile", "specactor_engine.model.registry",
+                 "specactor_engine.kernels.bf16_linear"):
         logging.getLogger(name).setLevel(logging.INFO)
 
 
