@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 root, systems = Path(sys.argv[1]) / "runs", sys.argv[2:]
-repeats = sorted({int(p.stem.rsplit("-", 1)[1]) for p in root.glob(f"{systems[0]}-*.json")})
+repeats = sorted({int(p.stem.rsplit("-", 1)[1]) for p in root.glob(f"{systems[0]}-[0-9]*.json")})
 print("| repeat (GB/s) | " + " | ".join(f"`{s}`" for s in systems) + " | " +
       " | ".join(f"`{s}` over `{systems[0]}`" for s in systems[1:]) + " |")
 print("|---" * (1 + 2 * len(systems) - 1) + "|")
