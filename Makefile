@@ -184,7 +184,7 @@ $(DRAFTER_SMOLLM2)/.complete: $(DRAFTER_DATA)/rollouts.jsonl | $(STAMP)
 # 0.865, acceptance 0.850 / 0.754 / 0.692 (its bf16 rollouts are this session's kernels' tokens, not session 37's).
 # Session 48, sessions 45-47's machine, from nothing: fp32 rollouts 20 min, bf16 20.5, features 22.5, v2's steps and
 # scoring 23, v3 11, v4 26 (4.2 s a step): 127 min for v4; held out the same as session 43's (0.865; 0.850 / 0.754 / 0.692).
-# Sessions 56-57, a 2-core Intel Xeon (AVX-512 BF16, no AMX; ~165 GFLOP/s bf16 peak, ~15 GB/s): fp32 rollouts 12 min and
+# Sessions 56-57, a 2-core Intel Xeon (AVX-512 BF16, no AMX; ~165 GFLOP/s with VDPBF16PS, twice that with fp32 FMAs (session 59), ~15 GB/s): fp32 rollouts 12 min and
 # bf16 ~51 (sharing the CPU), features ~90, v2's steps 3.4 s a step, v3's 3.3, v4's 9.6, scoring 4-5 min a stage: ~4.5 h;
 # held out v4 top-1 0.864, acceptance 0.850 / 0.755 / 0.694.
 DRAFTER_FEATURE_V2 := runs/drafters/qwen1.5b-feature-v2
