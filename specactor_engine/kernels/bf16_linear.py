@@ -8,9 +8,9 @@ than oneDNN's bf16 GEMM (bench/session39), and a row's bits are the same whateve
 and the extension built. `bf16_linear_reference` is the same arithmetic in torch, for the tests.
 
 The kernel runs that arithmetic one of two ways with the same bits (csrc/bf16_linear.cpp): VDPBF16PS, or two fp32
-FMAs per pair on the weight widened in registers. Which is faster depends on the CPU: on the AMD EPYC (Zen 4)
-VDPBF16PS does twice an FMA's work, on the Intel Xeon of sessions 54-59 half of it (one every 2 cycles), and the
-FMAs ran a 12-row product 1.6x faster there. `variant()` times both once per process on a product whose weight
+FMAs per pair on the weight widened in registers. Which is faster depends on the CPU: on the Intel Xeon of sessions
+54-59 one VDPBF16PS issues every 2 cycles against 2 FMAs a cycle, and the FMAs ran a 12-row product 1.6x faster;
+on the AMD EPYC (Zen 4) VDPBF16PS reached ~850-900 GFLOP/s on 2 cores (session 42), where the FMAs were not timed. `variant()` times both once per process on a product whose weight
 stays in cache and keeps the faster; SPECACTOR_BF16_KERNEL=dpbf16 or fma chooses instead.
 """
 
@@ -62,7 +62,8 @@ def linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out
     """x [..., K] bf16 -> [..., out_features] bf16 with a weight from `pack`; kernel: one of VARIANTS (None:
     `variant()`), which changes the speed, never the bits."""
     rows = x.reshape(-1, x.shape[-1])
-    y = torch.ops.specactor.bf16_linear(rows, packed, bias, out_features, VARIANTS.index(kernel or variant()))
+    index = _variant_index() if kernel is None else VARIANTS.index(kernel)
+    y = torch.ops.specactor.bf16_linear(rows, packed, bias, out_features, index)
     return y.reshape(*x.shape[:-1], out_features)
 
 
@@ -80,6 +81,12 @@ def variant() -> str:
     logger.info("bf16 linear kernel: %s (a 12-row product took %s)", chosen,
                 ", ".join(f"{times[v] * 1e3:.3f} ms with {v}" for v in VARIANTS))
     return chosen
+
+
+@functools.lru_cache(maxsize=1)
+def _variant_index() -> int:
+    """`variant()` as the op's argument (every linear call passes it)."""
+    return VARIANTS.index(variant())
 
 
 def time_variants(rows: int = 12, n: int = 1024, k: int = 1536, calls: int = 9) -> dict[str, float]:

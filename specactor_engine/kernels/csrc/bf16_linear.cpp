@@ -32,7 +32,8 @@
 // exact in fp32, so FMA(x[2p+1], w[2p+1], acc) then FMA(x[2p], w[2p], acc) rounds exactly where VDPBF16PS does;
 // VDPBF16PS also treats denormal inputs as zero and flushes denormal results (DAZ and FTZ whatever MXCSR says),
 // which the FMA variant sets in MXCSR for its threads while it runs. So both give the same bits, and which runs
-// is a matter of speed: on the AMD EPYC (Zen 4) VDPBF16PS does 64 flops where an FMA does 32, but on the Intel
+// is a matter of speed: on the AMD EPYC (Zen 4) VDPBF16PS (64 flops an instruction against an FMA's 32) reached
+// ~850-900 GFLOP/s on 2 cores (session 42; the FMAs were not timed there), but on the Intel
 // Xeon of sessions 54-59 (AVX-512 BF16, no AMX) one VDPBF16PS issues every 2 cycles a core against 2 FMAs a
 // cycle (bench/session59/peak.c: 85 against 172 GFLOP/s a core), and the FMA variant ran 12 rows at 258-262
 // GFLOP/s on 2 cores against 159-168 (bench/session59/tile.cpp). `kernels/bf16_linear.py` times both once per

@@ -63,18 +63,22 @@ def bf16_bits(*values: int) -> torch.Tensor:
 def test_the_variants_agree_on_denormals_as_vdpbf16ps_treats_them():
     """VDPBF16PS reads a denormal input as zero and flushes a denormal result (DAZ, FTZ); the FMA variant must too.
     2^-133 (a denormal) times 2^100 is 2^-33 if the denormal is used, 0 if it is read as zero; four products of
-    2^-70 and 2^-70 sum to a denormal; denormals times 2^100 between 1 and -1 leave 0 only if read as zero."""
+    2^-70 and 2^-70 sum to a denormal; two denormals times 2^100 sum to 63 2^-33 unless read as zero. The torch
+    reference, which keeps denormals, gives 2^-33 and 63 2^-33 in the first and last cells: what the FMA variant
+    would give without DAZ."""
     big, tiny, denormal = 0x7180, 0x1C80, 0x0001  # 2^100, 2^-70, the least positive bf16 denormal
     x = torch.stack([bf16_bits(denormal, 0, 0, 0), bf16_bits(tiny, tiny, tiny, tiny), bf16_bits(big, big, 0, 0),
-                     bf16_bits(0x3F80, 0x8001, 0x3F80, 0x0040)])  # 1, -denormal, 1, a larger denormal
+                     bf16_bits(0, 0x0040, 0, 0x8001)])  # 2^-127 and -2^-133, denormals
     weight = torch.stack([bf16_bits(big, 0, 0, 0), bf16_bits(tiny, tiny, tiny, tiny),
-                          bf16_bits(denormal, 0x0040, 0, 0), bf16_bits(0x3F80, big, 0xBF80, big)])
+                          bf16_bits(denormal, 0x0040, 0, 0), bf16_bits(0, big, 0, big)])
     packed = bf16_linear.pack(weight)
     got = {v: bf16_linear.linear(x, packed, None, 4, v) for v in bf16_linear.VARIANTS}
     assert torch.equal(got["dpbf16"].view(torch.int16), got["fma"].view(torch.int16))
-    assert got["fma"][0, 0].item() == 0.0  # denormal x 2^100 read as 0 (1e-8 otherwise)
+    reference = bf16_linear.bf16_linear_reference(x, weight)
+    assert reference[0, 0].item() == 2.0**-33 and reference[3, 3].item() == 63 * 2.0**-33  # the checks bite
+    assert got["fma"][0, 0].item() == 0.0  # denormal x 2^100 read as 0 (2^-33 otherwise)
     assert got["fma"][1, 1].item() == 0.0  # 4 x 2^-140, denormal, flushed
-    assert got["fma"][3, 3].item() == 0.0  # 1 - 2^-133 2^100 - 1 + 2^-127 2^100: 63 2^-33 unless read as zero
+    assert got["fma"][3, 3].item() == 0.0  # 2^-127 2^100 - 2^-133 2^100: 63 2^-33 unless read as zero
 
 
 def test_the_variant_is_timed_once_or_chosen_by_the_environment(monkeypatch):
@@ -83,7 +87,8 @@ def test_the_variant_is_timed_once_or_chosen_by_the_environment(monkeypatch):
     bf16_linear.variant.cache_clear()
     try:
         monkeypatch.setenv(bf16_linear.VARIANT_ENV, "fma")
-        assert bf16_linear.variant() == "fma"
+        bf16_linear._variant_index.cache_clear()
+        assert bf16_linear.variant() == "fma" and bf16_linear._variant_index() == 1
         bf16_linear.variant.cache_clear()
         monkeypatch.setenv(bf16_linear.VARIANT_ENV, "avx2")
         with pytest.raises(ValueError, match="SPECACTOR_BF16_KERNEL='avx2': expected one of dpbf16, fma"):
@@ -93,6 +98,7 @@ def test_the_variant_is_timed_once_or_chosen_by_the_environment(monkeypatch):
         assert bf16_linear.variant() in bf16_linear.VARIANTS
     finally:
         bf16_linear.variant.cache_clear()
+        bf16_linear._variant_index.cache_clear()
 
 
 def test_leading_dimensions_and_an_empty_input():
