@@ -33,6 +33,8 @@ A pure policy over statistics (no torch, no engine), so it can be unit-tested on
   of the current rate and has not run for `cheap_probe_every` rounds: such a round costs little, and
   only running it refreshes the deep positions (trace D: a k = 3 round at the start whose drafts were
   unluckily short held `specactor` at k = 1 for 80 rounds, the model's deep positions never verified).
+  In a draft-trimmed batch max_k also runs, whatever its estimate, once a narrower width was measured in the
+  batch's bucket and no width that deep was (`_unseen_trimmed`).
   While plain decoding is in force, the best speculative length runs on the same terms (with the
   assignment best at that length), so a method that fell just behind in a poor stretch is measured again.
   With `probe_deep` off (the engine scores shadow drafts, shadow.py, which keep the deep
@@ -784,7 +786,8 @@ class VerifyLengthPolicy:
                 (target < k or self._probe_may_pay(rows, range(k + 1, target + 1), score(k), context, regime,
                                                    options, self.catch_up_s)):
             self.probe_from, k, self.rounds_since_probe = k, target, 0
-        elif (cheap := self._cheap_probe(k, score, learns)) is not None:
+        elif (cheap := self._cheap_probe(k, score, learns, lambda j: self._unseen_trimmed(j, regime, rows))) \
+                is not None:
             k = cheap
         if self.probe_from == 0 or (cheap is not None and self.current == 0):
             self.option = option_at(k)[1]  # from plain decoding, the assignment best at the probe's length
@@ -926,12 +929,14 @@ class VerifyLengthPolicy:
         return any(self.throughput(rows, j, context, regime, methods=o, catch_up_s=c, optimism=self.probe_optimism)
                    >= rate and (not c or stretch_left(j, o)) for j in lengths for o, c in zip(options, catch_up))
 
-    def _cheap_probe(self, k: int, score: Callable[[int], float], learns: Callable[[int], bool]) -> int | None:
+    def _cheap_probe(self, k: int, score: Callable[[int], float], learns: Callable[[int], bool],
+                     unseen: Callable[[int], bool] = lambda j: False) -> int | None:
         """The length of a probe that costs little this round, or None. While a shorter length is in force:
         max_k, when expected within `cheap_probe` of its rate and not run for `cheap_probe_every` rounds (only
-        running it refreshes the deep positions' statistics). While plain decoding is: the best speculative
-        length, on the same terms, when no round has drafted for `cheap_probe_every` rounds. A method out of use
-        is otherwise judged by its last stretch for as long as it stays out: trace D, session 28, the feature
+        running it refreshes the deep positions' statistics), or whatever its estimate when `unseen(max_k)`: in a
+        draft-trimmed round no width was measured this wide (`_unseen_trimmed`). While plain decoding is: the best
+        speculative length, on the same terms, when no round has drafted for `cheap_probe_every` rounds. A method out
+        of use is otherwise judged by its last stretch for as long as it stays out: trace D, session 28, the feature
         drafter's estimate fell 4% below plain decoding's in a poor stretch, and `specactor` decoded plainly for
         150 rounds while `coupled-feature`, drafting with it throughout, ran 15% faster than plain rounds. Kept apart
         from the regular probes (no interval change). learns(j): a round verifying j drafts measures something shadow
@@ -945,9 +950,27 @@ class VerifyLengthPolicy:
                 return None
         else:
             target = self.max_k
+            if unseen(target) and learns(target):  # before `recent`: the warm-up's rounds ran it at other row counts
+                return target
             if target in recent:
                 return None
         return target if score(target) >= (1 - self.cheap_probe) * score(k) and learns(target) else None
+
+    def _unseen_trimmed(self, k: int, regime: str, rows: int) -> bool:
+        """Rounds of `rows` rows are draft-trimmed (`trimmed_rows`) and no round of their bucket verified k drafts, nor
+        more, while a narrower width was measured there. Width k + 1's estimate is then the narrower widths' factor,
+        which prices every drafted position though trimming verifies only those that pay, so a deep round looks dearer
+        than it runs; trimmed, it costs little more than the narrow round it replaces. Trace D, session 60: every run's
+        first 4-row round chose k = 2 (the profile's best at the prior acceptance), and widths 4-5 took width 3's
+        factor (1.2-1.3) where they ran at 0.7-0.8 once measured. At round 1 k = 4 was expected within `cheap_probe`,
+        but a k = 4 round in the last `cheap_probe_every` at any row count holds the cheap probe off (the warm-up's
+        one-row rounds, it seems), and a few rounds later its estimate had fallen outside. `coupled-feature` ran it at
+        round 16 (after a plain probe), `specactor` at rounds 49 and 87, and ran 1-3% behind."""
+        bucket = self.bucket(rows)
+        if bucket > self.trimmed_rows:
+            return False
+        widths = [w for (r, b, w) in self.scale if r == regime and b == bucket]
+        return bool(widths) and max(widths) < k + 1
 
     def _probe_target(self, k: int, regime: str, rows: int, deep: bool = True) -> int | None:
         """The length a due probe verifies: max_k (fresh statistics for the deep positions; only where `probe_deep`

@@ -623,6 +623,38 @@ def test_a_deep_probe_expected_to_cost_little_runs_often():
     assert [far.choose(1) for _ in range(12)] == [1] * 12
 
 
+@pytest.mark.parametrize("trimmed_rows", [0, 8])
+def test_a_trimmed_batch_probes_a_deep_width_it_never_ran(trimmed_rows):
+    """Trace D, session 60: every run's first 4-row round chose k = 2, and widths 4-5, never run at 4 rows, took
+    width 3's factor, though a trimmed round verifies only the drafts that pay and ran them at ~0.7-0.8 of the
+    profile once measured. The cheap probe did not find them for its first rounds: the warm-up (1 row) had just run
+    k = 4, and a k = 4 round in the last `cheap_probe_every` counts at any row count. Where rounds are draft-trimmed,
+    max_k runs at the first choice after a narrower width was measured in the batch's bucket and before any width that
+    deep was, whatever ran at other row counts; untrimmed batches keep to the cheap-probe rule."""
+    table = linear_table(0.05, 0.02)  # 8 rows: 0.05 + 0.16 x width
+    accept = [0.9, 0.85, 0.5, 0.3]  # E[k] 1.9, 2.75, 3.25, 3.55: k = 2 best at the profile
+    policy = VerifyLengthPolicy(table, AcceptanceStats(max_k=4, accept_through=list(accept), trusted_rounds=1),
+                                probe_every=16, cheap_probe_every=8, hysteresis=0.0, trimmed_rows=trimmed_rows)
+    for _ in range(3):  # a warm-up of one row at k = 4, then forgotten but for its costs (the benchmark's)
+        policy.history.append(4)
+        policy.observe_round(4, [4], [4], draft_s=0.0, round_s=table.cost(1, 5), rows=1)
+    policy.forget_acceptance()
+    policy.stats = AcceptanceStats(max_k=4, accept_through=list(accept), trusted_rounds=1)
+    chosen = []
+    for _ in range(6):
+        k = policy.choose(8)
+        chosen.append(k)
+        factor = 0.6 if k >= 3 else 1.0  # trimmed deep rounds run below the profile
+        policy.observe_round(k, [k] * 8, [min(k, 2)] * 8, draft_s=0.0, round_s=factor * table.cost(8, k + 1), rows=8)
+        policy.stats.accept_through = list(accept)
+    if trimmed_rows:
+        assert chosen == [2, 4, 4, 4, 4, 4]  # width 3 measured at round 0, so width 5 is probed; then k = 4 wins
+        assert policy.calibration(5, rows=8) == pytest.approx(0.6)
+    else:
+        assert chosen == [2] * 6  # the warm-up's k = 4 rounds are recent
+        assert (policy.bucket(8) == 8 and ("", 8, 5) not in policy.scale)
+
+
 def test_the_methods_in_use_are_kept_until_another_assignment_is_better_by_the_hysteresis():
     """Switching draft models pays a catch-up forward the per-round estimates leave out, and near ties flipped
     trace D's `specactor` into long stretches on the slower model (session 17). Like k, the assignment in use is
