@@ -963,8 +963,8 @@ class VerifyLengthPolicy:
         than it runs; trimmed, it costs little more than the narrow round it replaces. Trace D, session 60: every run's
         first 4-row round chose k = 2 (the profile's best at the prior acceptance), and widths 4-5 took width 3's
         factor (1.2-1.3) where they ran at 0.7-0.8 once measured. At round 1 k = 4 was expected within `cheap_probe`,
-        but a k = 4 round in the last `cheap_probe_every` at any row count holds the cheap probe off (the warm-up's
-        one-row rounds, it seems), and a few rounds later its estimate had fallen outside. `coupled-feature` ran it at
+        but a k = 4 round in the last `cheap_probe_every` at any row count holds the cheap probe off (the benchmark's
+        one-row warm-up ended with rounds at k = 3, 3, 4), and a few rounds later its estimate had fallen outside. `coupled-feature` ran it at
         round 16 (after a plain probe), `specactor` at rounds 49 and 87, and ran 1-3% behind."""
         bucket = self.bucket(rows)
         if bucket > self.trimmed_rows:
