@@ -320,7 +320,7 @@ class Run:
         if plan.policy is not None:
             verified_caps = plan.caps if drafts.deferred is None else torch.where(drafts.deferred, 0, plan.caps)
             # a trimmed position counts as not accepted: the statistics at length k are what rounds drafting k and
-            # trimming emit, and the calibration at width k + 1 what they cost (policies/draft_trim.py)
+            # trimming emit (policies/draft_trim.py), and the real tokens verified price them (`row_tokens`)
             # the shadow drafting of idle rows and the candidates' drafting are left out: they are not part of
             # any width's verify cost
             # each row's acceptance counts for the method whose drafts it verified (its chosen one if none came)
@@ -331,7 +331,9 @@ class Run:
                                       len(slots), plan.context,
                                       regime=plan.arm or "", methods=methods if drafts.chosen else None,
                                       draft_s_by_method=drafts.steady_draft_s(),
-                                      catch_up_s=sum(drafts.catch_up_s_by_drafter.values()))
+                                      catch_up_s=sum(drafts.catch_up_s_by_drafter.values()),
+                                      tokens=None if drafts.candidates is not None
+                                      else int((drafts.proposal.num_tokens + 1).sum()))
         if self.phase is not None:
             self.phase.observe(plan.arm, int(outcome.counts.sum()), clock.now() - started)
 
@@ -613,8 +615,11 @@ class Run:
             **({"arm": plan.arm} if self.phase is not None else {}),
             # the verify length's expected tokens/s per k when it chose this round, and the calibration each used
             # (observed / profiled seconds: diagnostics; none when held)
+            # and the verify seconds it priced each k at; "tokens": the real tokens the round verified (all rows)
+            "tokens": int((drafts.proposal.num_tokens + 1).sum()),
             **({"scores": [round(x, 2) for x in plan.policy.scores],
-                "factors": [round(x, 3) for x in plan.policy.factors]} if plan.policy is not None and plan.policy.scores
+                "factors": [round(x, 3) for x in plan.policy.factors],
+                "priced_s": [round(x, 4) for x in plan.policy.priced]} if plan.policy is not None and plan.policy.scores
                else {}),
         })
 

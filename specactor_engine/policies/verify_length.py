@@ -58,6 +58,11 @@ A pure policy over statistics (no torch, no engine), so it can be unit-tested on
   batch. Factors are therefore kept per batch bucket (the profile's nearest measured batch size,
   in log scale); a width not observed in a bucket is read off the same bucket's line, and a bucket with
   nothing observed borrows the nearest bucket's.
+- Where the engine trims drafts (a few rows on a CPU: `trimmed_rows`) and the profile measured packed rounds, a round
+  verifies only the drafts that pay, so its width says little of its cost. There it is priced by the packed cost of
+  the real tokens it verifies (`row_tokens`: per length, what such rounds verified; a length not run is read between
+  the lengths run, `_tokens_per_row`), and its factor is observed / that cost: the machine's drift and the host work,
+  not the trimming, so a width not run is read off a line that trimming does not bend.
 """
 
 from __future__ import annotations
@@ -431,6 +436,7 @@ class VerifyLengthPolicy:
     speculation_margin: float = 1.0  # the last choice's best expected rate at k > 0 over its rate at k = 0
     scores: tuple[float, ...] = ()  # the last choice's expected tokens/s per k (its best assignment's); () after hold()
     factors: tuple[float, ...] = ()  # the calibration each of those rates used per k (`verify_factor`); () after hold()
+    priced: tuple[float, ...] = ()  # and the verify seconds each priced its round at (`verify_seconds`); () after hold()
     # regime -> the profile measured on that regime's threads (the engine: the drafter workers' arm runs the verifier
     # on fewer threads than plain decoding); a regime not named here is priced by `cost`. One profile for both
     # priced trace D's 4-row width-3 verify at 1.68x a width-1 round (measured on the verifier's one thread) where
@@ -448,6 +454,15 @@ class VerifyLengthPolicy:
     # were pulled to the line through widths 1-2 (1.09-1.07), so deeper drafts looked dear and were not run to show
     # otherwise (accept len 2.03 against 2.26-2.41)
     trimmed_rows: int = 0
+    # (calibration key, batch bucket, width) -> EMA of the real tokens a row verified in the rounds of that width, in
+    # token-priced buckets (`_token_priced`: draft-trimmed, with a profile of packed rounds). There a round is priced
+    # by the packed cost of the tokens it verifies, not by its width, and its calibration is observed / that cost:
+    # the factor is then the machine's drift alone, the same for every width, and a width not run is read off a line
+    # that trimming does not bend (`_tokens_per_row` estimates its tokens). Priced by width, each width's factor
+    # carried its own trimming (trace D, session 60: widths 4-5 at 0.7-0.8 of the profile, widths 1-2 at 1.1-1.3),
+    # and k = 3, never run, read off the line through the others at 1.2-1.36x: one paired `specactor` run spent 134
+    # of its 4-row rounds at k = 2 where `coupled-feature` spent 57
+    row_tokens: dict[tuple[str, int, int], float] = field(default_factory=dict)
     fresh: set[str] = field(default_factory=set)  # methods observed since the last `choose`
     # an assignment whose best expected rate at its last weighing was below `far_share` of the chosen round's is
     # weighed again only `far_every` rounds later (`far_options`), unless its methods are in use or it is the first
@@ -485,13 +500,67 @@ class VerifyLengthPolicy:
         return self._memo[key]
 
     def _calibration(self, width: int, regime: str, rows: int) -> float:
-        buckets = {b for (r, b, _) in self.scale if r == regime}
-        if not buckets:
+        bucket = self._calibration_bucket(regime, rows)
+        if bucket is None:
             return 1.0
-        here, log = self.bucket(rows), np.log
-        bucket = min(buckets, key=lambda b: (abs(log(b) - log(here)), b))
         own = self.scale.get((regime, bucket, width))
         return own if own is not None else self._line_factor(regime, bucket, width)
+
+    def _calibration_bucket(self, regime: str, rows: int) -> int | None:
+        """The bucket whose factors calibrate a round of `rows` rows under `regime`: the nearest (in log scale) with
+        observations, None with none."""
+        buckets = {b for (r, b, _) in self.scale if r == regime}
+        if not buckets:
+            return None
+        here, log = self.bucket(rows), np.log
+        return min(buckets, key=lambda b: (abs(log(b) - log(here)), b))
+
+    def _token_priced(self, bucket: int, regime: str) -> bool:
+        """Rounds of this bucket are priced by the tokens they verify (`row_tokens`): draft-trimmed (`trimmed_rows`), and
+        the regime's profile measured packed rounds."""
+        if bucket > self.trimmed_rows:
+            return False
+        cost = self.cost_for(regime.split("|", 1)[0])
+        return any(t.packed for t in getattr(cost, "tables", (cost,)))
+
+    def _tokens_per_row(self, regime: str, bucket: int, k: int) -> float:
+        """The real tokens a row of a round verifying k drafts is expected to verify in `bucket` (`row_tokens`): observed
+        at k, else on the line between the observed lengths around k (k = 0 verifies 1), else, past the deepest
+        observed length k', k' 's tokens plus as many per further position as k' kept per drafted one (deeper drafts are
+        kept less often: an upper estimate); k + 1 (the whole width) with none observed, and never more."""
+        if k == 0:
+            return 1.0
+        if self._memo is None:
+            return self._row_tokens(regime, bucket, k)
+        key = ("row_tokens", regime, bucket, k)
+        if key not in self._memo:
+            self._memo[key] = self._row_tokens(regime, bucket, k)
+        return self._memo[key]
+
+    def _row_tokens(self, regime: str, bucket: int, k: int) -> float:
+        seen = {w - 1: t for (r, b, w), t in self.row_tokens.items() if r == regime and b == bucket}
+        if k in seen:
+            return seen[k]
+        lower, upper = [j for j in seen if j < k], [j for j in seen if j > k]
+        lo = max(lower, default=0)
+        t_lo = seen.get(lo, 1.0)
+        if upper:
+            hi = min(upper)
+            estimate = t_lo + (seen[hi] - t_lo) * (k - lo) / (hi - lo)
+        elif lower:
+            estimate = t_lo + (t_lo - 1.0) / lo * (k - lo)
+        else:
+            return k + 1.0
+        return min(estimate, k + 1.0)
+
+    def _profiled(self, regime: str, rows: int, k: int, context: int | None, bucket: int | None) -> float:
+        """The profile's seconds of a round of `rows` rows verifying k drafts: its width's (rows x (k + 1) tokens), or
+        in a token-priced bucket (`_token_priced`) a packed round of the tokens such rounds verify (`_tokens_per_row`).
+        regime: a calibration key (its methods' part names no profile)."""
+        cost = self.cost_for(regime.split("|", 1)[0])
+        if k == 0 or bucket is None or not self._token_priced(bucket, regime):
+            return cost.cost(rows, k + 1, context)
+        return _round_cost(cost, rows, k, rows * self._tokens_per_row(regime, bucket, k), context)
 
     def _line_factor(self, regime: str, bucket: int, width: int) -> float:
         """The factor of `width` read off the line through the other observed widths' seconds against their profiled
@@ -503,14 +572,14 @@ class VerifyLengthPolicy:
         factor; it was rated below both k = 1 and k = 3 and no 4-row round of six runs ran it. One width alone gives its
         own factor; a line that falls with the profile (noise) gives the widths' pooled ratio, and its slope is at most
         the smallest observed factor (the fixed part is not negative)."""
-        cost = self.cost_for(regime.split("|", 1)[0])
         now = len(self.history)
         widths = [w for (r, b, w) in self.scale if r == regime and b == bucket and w != width]
         fresh = [w for w in widths if now - self.seen_at.get((regime, bucket, w), -1) <= self.stale_rounds]
-        points = [(cost.cost(bucket, w), self.scale[(regime, bucket, w)]) for w in (fresh or widths)]
+        points = [(self._profiled(regime, bucket, w - 1, None, bucket), self.scale[(regime, bucket, w)])
+                  for w in (fresh or widths)]
         if not points:
             return 1.0
-        profiled = cost.cost(bucket, width)
+        profiled = self._profiled(regime, bucket, width - 1, None, bucket)
         xs, ys = [p for p, _ in points], [p * f for p, f in points]
         mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
         spread = sum((x - mean_x) ** 2 for x in xs)
@@ -529,15 +598,22 @@ class VerifyLengthPolicy:
                        methods: Sequence[str | None] | None = None) -> float:
         """Predicted seconds of a verify round (forward, sampling, host work) with k drafts per row (methods:
         each row's draft method; rounds of costly methods have their own calibration once observed)."""
-        return self.cost_for(regime).cost(rows, k + 1, context) * self.verify_factor(rows, k, regime, methods)
+        keyed = self._verify_key(rows, k, regime, methods)
+        profiled = self._profiled(keyed, rows, k, context, self._calibration_bucket(keyed, rows))
+        return profiled * self.calibration(k + 1, keyed, rows)
 
     def verify_factor(self, rows: int, k: int, regime: str = "", methods: Sequence[str | None] | None = None) -> float:
-        """The calibration `verify_seconds` scales the profile by: the rounds of the costly methods in `methods` once
-        observed (`_calibration_regime`), else the regime's."""
+        """The calibration `verify_seconds` scales the profile by (`_verify_key`); in a token-priced bucket it
+        scales the packed cost of the tokens such rounds verify (`_profiled`)."""
+        return self.calibration(k + 1, self._verify_key(rows, k, regime, methods), rows)
+
+    def _verify_key(self, rows: int, k: int, regime: str, methods: Sequence[str | None] | None) -> str:
+        """The calibration key of a round verifying k drafts: the costly methods' in `methods` once observed
+        (`_calibration_regime`), else the regime's."""
         keyed = self._calibration_regime(regime, methods, rows) if k > 0 else None
         if keyed is None or not any(r == keyed for r, _, _ in self.scale):
-            keyed = regime
-        return self.calibration(k + 1, keyed, rows)
+            return regime
+        return keyed
 
     def packed_verify_seconds(self, rows: int, tokens: int, context: int | None = None, regime: str = "") -> float:
         """Predicted seconds of a packed verify round of `rows` rows and `tokens` real tokens (draft trimming:
@@ -755,6 +831,8 @@ class VerifyLengthPolicy:
             self._mark_far(options, rates, max(self.scores))
         self.factors = tuple(self.verify_factor(rows, j, regime, options[option_at(j)[1]] if options else None)
                              for j in range(self.max_k + 1))
+        self.priced = tuple(self.verify_seconds(rows, j, context, regime, options[option_at(j)[1]] if options else None)
+                            for j in range(self.max_k + 1))
         self.speculation_margin = max(self.scores[1:]) / max(self.scores[0], 1e-9)
         previous = self.current
         if self.current is None:
@@ -831,7 +909,7 @@ class VerifyLengthPolicy:
         intervals as a chosen plain round would, so probes come as many rounds apart; one that falls due runs at
         the next choice."""
         self.history.append(0)
-        self.expected, self.probing_first, self.scores, self.factors = None, False, (), ()
+        self.expected, self.probing_first, self.scores, self.factors, self.priced = None, False, (), (), ()
         if self.current == 0 and self.probe_deep:  # `_probe_target`: at k = 0 only max_k is probed
             self.rounds_since_probe += 1
         self.rounds_off_first += 1
@@ -1020,12 +1098,14 @@ class VerifyLengthPolicy:
     def observe_round(self, k: int, verified_with: Sequence[int], accepted: Sequence[int], draft_s: float,
                       round_s: float, rows: int, context: int | None = None, regime: str = "",
                       methods: Sequence[str | None] | None = None,
-                      draft_s_by_method: Mapping[str, float] | None = None, catch_up_s: float = 0.0) -> None:
+                      draft_s_by_method: Mapping[str, float] | None = None, catch_up_s: float = 0.0,
+                      tokens: int | None = None) -> None:
         """Fold in one finished round: its acceptance, its drafting time and how far its other time
         (verify, sampling, host work) was from the profile at its width. methods: each row's draft
         method; draft_s_by_method: the in-line drafting seconds of each method this round, without catching up;
         catch_up_s: the seconds of draft_s its models spent catching up (charged apart, `catch_up_rounds`: a round
-        that paid one does not count as realising less than expected)."""
+        that paid one does not count as realising less than expected); tokens: the real tokens the round verified,
+        all rows (None: its whole width), which price it in a token-priced bucket (`row_tokens`, `_profiled`)."""
         steady_s = round_s - catch_up_s
         if self.expected is not None and k > 0 and steady_s > 0:  # realised against expected tokens/s
             key, expected_tps = self.expected
@@ -1063,13 +1143,20 @@ class VerifyLengthPolicy:
                 old = self.draft_s_by_method.get(method)
                 self.draft_s_by_method[method] = seconds / k if old is None else old + self.decay * (seconds / k - old)
         # clamped: one round disturbed by a collection or a page fault must not swing the estimate
-        profiled = self.cost_for(regime).cost(rows, k + 1, context)
-        ratio = min(max((round_s - draft_s) / max(profiled, 1e-9), MIN_SCALE), MAX_SCALE)
         key = (regime, self.bucket(rows), k + 1)
+        priced = k > 0 and tokens is not None and self._token_priced(key[1], regime)
+        profiled = _round_cost(self.cost_for(regime), rows, k, tokens, context) if priced \
+            else self.cost_for(regime).cost(rows, k + 1, context)
+        ratio = min(max((round_s - draft_s) / max(profiled, 1e-9), MIN_SCALE), MAX_SCALE)
         keyed = self._calibration_regime(regime, methods, rows) if k > 0 else None
         pooled = key
         for key in [key] + ([(keyed, key[1], key[2])] if keyed is not None else []):  # pooled, and its methods'
             self.seen_at[key] = len(self.history)
+            if priced:
+                per_row = min(max(tokens / max(rows, 1), 1.0), k + 1.0)
+                old_tokens = self.row_tokens.get(key)
+                self.row_tokens[key] = per_row if old_tokens is None else \
+                    old_tokens + self.decay * (per_row - old_tokens)
             previous = self.scale.get(key)
             self.scale[key] = ratio if previous is None else previous + self.decay * (ratio - previous)
             self._pull_stale(key, previous)
@@ -1112,6 +1199,20 @@ class VerifyLengthPolicy:
                     continue
                 share = self.decay * self.neighbour_share ** abs(other[2] - width)
                 self.scale[other] += share * (self._line_factor(regime, bucket, other[2]) - self.scale[other])
+
+
+def _round_cost(cost: Any, rows: int, k: int, tokens: float, context: int | None) -> float:
+    """The profile's seconds of a round of `rows` rows verifying k drafts with `tokens` real tokens in all: the
+    whole width's round when none is cut (the verifier then runs a plain forward), else the packed rounds around
+    `tokens` (fractional: an estimate), interpolated."""
+    if tokens >= rows * (k + 1) - 1e-9:
+        return cost.cost(rows, k + 1, context)
+    tokens = max(tokens, float(rows))
+    lo = int(math.floor(tokens))
+    low = cost.packed_cost(rows, lo, context)
+    if tokens == lo:
+        return low
+    return low + (cost.packed_cost(rows, lo + 1, context) - low) * (tokens - lo)
 
 
 @functools.lru_cache(maxsize=1024)

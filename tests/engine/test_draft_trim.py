@@ -161,6 +161,10 @@ def test_trimmed_rounds_emit_what_plain_decoding_does(target, temperature):
         result = engine.generate(requests, params)
     assert token_ids(result) == reference
     assert result.stats.trimmed_tokens > 0
+    # the verify length prices the trimmed rounds by the tokens they verified (`VerifyLengthPolicy.row_tokens`)
+    row_tokens = engine.length_policy.row_tokens
+    assert row_tokens and all(1.0 <= t <= width for (_, _, width), t in row_tokens.items())
+    assert any(t < width for (_, _, width), t in row_tokens.items())  # cut rounds verified fewer than their width
     untrimmed = engine_with(target, [feature_drafter(target)], "coupled", cost_table=trimming_table(),
                             verify_length="dynamic", draft_trimming=False).generate(requests, params)
     assert untrimmed.stats.trimmed_tokens == 0

@@ -67,6 +67,11 @@ def test_the_timeline_records_the_rates_each_choice_weighed(fp64_target):
     assert all(len(entry["factors"]) == K + 1 for entry in rated)
     assert rated[0]["factors"] == [1.0] * (K + 1)
     assert all(factor > 0 for entry in rated for factor in entry["factors"]) and rated[-1]["factors"][K] != 1.0
+    # the seconds it priced each k's verify at (before any round: the profile's), and the tokens each round verified
+    assert rated[0]["priced_s"] == pytest.approx([0.01] * (K + 1), abs=1e-4)
+    assert all(len(entry["priced_s"]) == K + 1 for entry in rated)
+    assert all(entry["rows"] <= entry["tokens"] <= entry["rows"] * (entry["k"] + 1) for entry in result.stats.timeline)
+    assert rated[0]["tokens"] == rated[0]["rows"] * (K + 1)  # every draft accepted: none cut
 
 
 @pytest.mark.parametrize("shadow_rows", [0, 4])

@@ -1276,3 +1276,70 @@ def test_an_assignment_far_behind_is_weighed_again_only_every_few_rounds():
     assert 2 not in p.far_options(options)  # in use: always weighed
     p.forget_acceptance()
     assert p.far_until == {}
+
+
+def packed_linear_table(fixed: float, per_token: float) -> CostTable:
+    """`linear_table` with packed rounds measured up to 8 rows: a round costs fixed + per_token x its real tokens."""
+    packed = tuple(tuple(fixed + per_token * n for n in range(b, b * WIDTHS[-1] + 1)) if b <= 8 else ()
+                   for b in BATCHES)
+    return CostTable(BATCHES, WIDTHS, tuple(tuple(fixed + per_token * b * w for w in WIDTHS) for b in BATCHES), 0,
+                     packed)
+
+
+@pytest.mark.parametrize("trimmed_rows", [0, 8])
+def test_a_trimmed_batch_prices_a_round_by_the_tokens_it_verifies(trimmed_rows):
+    """Trace D, session 60: trimmed rounds of widths 4-5 ran at 0.7-0.8 of the profile and plain and k = 1 rounds at
+    1.1-1.3, so each width's factor carried its own trimming as well as the machine's drift, and a width not run was
+    read off a line through such factors (k = 3 at 1.2-1.36x in one paired run). Where the engine trims and the
+    profile measured packed rounds, a round is priced by the packed cost of the tokens it verifies: here every round
+    costs a fixed 50 ms of host work over that, the factors fall with width by that fixed part alone, and a width not
+    run is priced at the tokens its neighbours verify, read between them, on the line through the others: exactly
+    what such a round costs. Untrimmed batches keep pricing by width."""
+    table = packed_linear_table(0.05, 0.02)  # 8 rows: 0.05 + 0.02 x real tokens
+    accept = [0.9, 0.8, 0.6, 0.4]  # E[k] 1.9, 2.7, 3.3, 3.7
+    policy = policy_with(table, accept, decay=0.2, trimmed_rows=trimmed_rows, hysteresis=0.0)
+    kept = {0: 1.0, 1: 2.0, 2: 2.5, 4: 3.0}  # tokens a row verified: deeper rounds trimmed further below k + 1
+
+    def seconds(tokens: float) -> float:
+        return 0.05 + 0.05 + 0.02 * tokens
+
+    def run(k: int) -> None:
+        policy.history.append(k)
+        policy.observe_round(k, [k] * 8, [0] * 8, draft_s=0.0, round_s=seconds(8 * kept[k]), rows=8,
+                             tokens=round(8 * kept[k]))
+
+    for _ in range(10):  # k = 3 never runs
+        for k in (0, 1, 2, 4):
+            run(k)
+    policy.stats.accept_through = list(accept)
+    for k in (0, 1, 2, 4):
+        assert policy.verify_seconds(8, k) == pytest.approx(seconds(8 * kept[k]))
+    if trimmed_rows:
+        assert policy._tokens_per_row("", 8, 3) == pytest.approx(2.75)  # between k = 2 and k = 4
+        assert policy.verify_seconds(8, 3) == pytest.approx(seconds(22))
+        assert policy.row_tokens[("", 8, 5)] == pytest.approx(3.0)
+        assert policy.calibration(5, rows=8) == pytest.approx(seconds(24) / (0.05 + 0.02 * 24))
+    else:  # by width: each width's factor carries its trimming, and width 4 is read off a line bent by it
+        assert policy.calibration(5, rows=8) == pytest.approx(seconds(24) / (0.05 + 0.02 * 40))
+        assert policy.verify_seconds(8, 3) < 0.995 * seconds(22)
+        assert policy.row_tokens == {}
+
+
+def test_the_tokens_of_a_length_not_run_are_read_off_the_lengths_run():
+    """`_tokens_per_row`: observed at k; between two observed lengths on the line between them (k = 0 verifies 1);
+    past the deepest as many per further draft as it kept per draft (an upper estimate: deeper drafts are kept less);
+    the whole width with nothing observed, and never more."""
+    policy = policy_with(packed_linear_table(0.05, 0.02), [0.9, 0.8, 0.6, 0.4], trimmed_rows=8)
+    assert [policy._tokens_per_row("", 8, k) for k in range(5)] == [1.0, 2.0, 3.0, 4.0, 5.0]
+    policy.history.append(2)
+    policy.observe_round(2, [2] * 8, [0] * 8, draft_s=0.0, round_s=0.5, rows=8, tokens=20)  # 2.5 a row
+    assert policy._tokens_per_row("", 8, 2) == pytest.approx(2.5)
+    assert policy._tokens_per_row("", 8, 1) == pytest.approx(1.75)  # on the line from (0, 1)
+    assert policy._tokens_per_row("", 8, 4) == pytest.approx(2.5 + 0.75 * 2)
+    policy.history.append(1)
+    policy.observe_round(1, [1] * 8, [0] * 8, draft_s=0.0, round_s=0.5, rows=8, tokens=16)  # k = 1 not trimmed
+    assert policy._tokens_per_row("", 8, 4) == pytest.approx(2.5 + 0.75 * 2)  # still from the deepest
+    assert policy._tokens_per_row("", 1, 3) == 4.0  # another bucket: nothing observed there
+    policy.history.append(4)
+    policy.observe_round(4, [4] * 8, [0] * 8, draft_s=0.0, round_s=0.5, rows=8, tokens=24)
+    assert policy._tokens_per_row("", 8, 3) == pytest.approx(2.75)
