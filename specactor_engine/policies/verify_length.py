@@ -473,7 +473,7 @@ class VerifyLengthPolicy:
     far_every: int = 4
     far_until: dict[frozenset[str], int] = field(default_factory=dict)  # method set -> round it is weighed again
     # within one `choose` (nothing it evaluates changes meanwhile): calibrations already looked up
-    _memo: dict[tuple[Any, ...], float] | None = field(default=None, repr=False, compare=False)
+    _memo: dict[tuple[Any, ...], Any] | None = field(default=None, repr=False, compare=False)
 
     @property
     def max_k(self) -> int:
@@ -509,6 +509,14 @@ class VerifyLengthPolicy:
     def _calibration_bucket(self, regime: str, rows: int) -> int | None:
         """The bucket whose factors calibrate a round of `rows` rows under `regime`: the nearest (in log scale) with
         observations, None with none."""
+        if self._memo is None:
+            return self._nearest_observed(regime, rows)
+        key = ("bucket", regime, rows)
+        if key not in self._memo:
+            self._memo[key] = self._nearest_observed(regime, rows)
+        return self._memo[key]
+
+    def _nearest_observed(self, regime: str, rows: int) -> int | None:
         buckets = {b for (r, b, _) in self.scale if r == regime}
         if not buckets:
             return None
@@ -520,8 +528,14 @@ class VerifyLengthPolicy:
         the regime's profile measured packed rounds."""
         if bucket > self.trimmed_rows:
             return False
-        cost = self.cost_for(regime.split("|", 1)[0])
-        return any(t.packed for t in getattr(cost, "tables", (cost,)))
+        base = regime.split("|", 1)[0]
+        if self._memo is not None and ("packed", base) in self._memo:
+            return self._memo[("packed", base)]
+        cost = self.cost_for(base)
+        packed = any(t.packed for t in getattr(cost, "tables", (cost,)))
+        if self._memo is not None:
+            self._memo[("packed", base)] = packed
+        return packed
 
     def _tokens_per_row(self, regime: str, bucket: int, k: int) -> float:
         """The real tokens a row of a round verifying k drafts is expected to verify in `bucket` (`row_tokens`): observed
@@ -557,6 +571,14 @@ class VerifyLengthPolicy:
         """The profile's seconds of a round of `rows` rows verifying k drafts: its width's (rows x (k + 1) tokens), or
         in a token-priced bucket (`_token_priced`) a packed round of the tokens such rounds verify (`_tokens_per_row`).
         regime: a calibration key (its methods' part names no profile)."""
+        if self._memo is None:
+            return self._profiled_seconds(regime, rows, k, context, bucket)
+        key = ("profiled", regime, rows, k, context, bucket)
+        if key not in self._memo:
+            self._memo[key] = self._profiled_seconds(regime, rows, k, context, bucket)
+        return self._memo[key]
+
+    def _profiled_seconds(self, regime: str, rows: int, k: int, context: int | None, bucket: int | None) -> float:
         cost = self.cost_for(regime.split("|", 1)[0])
         if k == 0 or bucket is None or not self._token_priced(bucket, regime):
             return cost.cost(rows, k + 1, context)
