@@ -60,14 +60,15 @@ def versions() -> dict[str, str | None]:
 
 
 def git_info(root: Path = REPO_ROOT) -> dict[str, Any]:
-    """Commit and whether the work tree had uncommitted changes."""
+    """Commit and whether the work tree had uncommitted changes to tracked files (untracked files are left out: a
+    benchmark's own output directory, not yet committed, made every results file say "(dirty)")."""
     def git(*args: str) -> str | None:
         try:
             return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
         except (OSError, subprocess.CalledProcessError):
             return None
 
-    status = git("status", "--porcelain")
+    status = git("status", "--porcelain", "--untracked-files=no")
     return {"commit": git("rev-parse", "HEAD"), "dirty": bool(status) if status is not None else None}
 
 

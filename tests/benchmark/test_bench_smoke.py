@@ -370,3 +370,25 @@ def test_per_repeat_ratios_pair_each_repeat_with_ars_own():
     assert "| `specactor` | 40.0 (47), 42.0 | 2.00, 1.33 |" in lines
     assert _per_repeat({"ar": {"makespan_s": [80.0]}, "specactor": {"makespan_s": [40.0]}}) == []  # one repeat
     assert _per_repeat({"specactor": {"makespan_s": [40.0, 41.0]}}) == []  # no `ar` to divide by
+
+
+def test_results_call_a_tree_dirty_for_changed_tracked_files_not_untracked_ones(tmp_path):
+    """A results file records the commit and whether tracked files had uncommitted changes; a benchmark's own output
+    directory (untracked until committed) does not count, so results no longer all say "(dirty)"."""
+    import subprocess
+
+    from benchmark.machine import git_info
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    git("add", "code.py")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "one")
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / "results.json").write_text("{}")
+    info = git_info(tmp_path)
+    assert info["dirty"] is False and len(info["commit"]) == 40
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert git_info(tmp_path)["dirty"] is True
