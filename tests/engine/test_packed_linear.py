@@ -89,6 +89,8 @@ def test_an_in_place_weight_update_is_picked_up():
     with torch.no_grad():
         modules[2].bias.add_(1.0)  # a bias alone changing counts too
     assert torch.allclose(fused(x)[:, 48:], want[:, 48:] + 1.0, atol=1e-5)
+    modules[0].weight = nn.Parameter(torch.randn_like(modules[0].weight))  # a parameter replaced, not written into
+    assert torch.allclose(fused(x)[:, :32], F.linear(x, modules[0].weight, modules[0].bias), atol=1e-5)
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
