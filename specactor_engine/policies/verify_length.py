@@ -1166,6 +1166,8 @@ class VerifyLengthPolicy:
                 self.draft_s_by_method[method] = seconds / k if old is None else old + self.decay * (seconds / k - old)
         # clamped: one round disturbed by a collection or a page fault must not swing the estimate
         key = (regime, self.bucket(rows), k + 1)
+        if k > 0 and tokens is None and self._token_priced(key[1], regime):
+            return  # a round of another shape (combination's candidate rows, run.py) says nothing of these prices
         priced = k > 0 and tokens is not None and self._token_priced(key[1], regime)
         profiled = _round_cost(self.cost_for(regime), rows, k, tokens, context) if priced \
             else self.cost_for(regime).cost(rows, k + 1, context)
@@ -1180,7 +1182,15 @@ class VerifyLengthPolicy:
                 self.row_tokens[key] = per_row if old_tokens is None else \
                     old_tokens + self.decay * (per_row - old_tokens)
             previous = self.scale.get(key)
-            self.scale[key] = ratio if previous is None else previous + self.decay * (ratio - previous)
+            if previous is None and priced and any(r == key[0] and b == key[1] for (r, b, _) in self.scale):
+                # a width first run in a token-priced bucket where others ran starts from their line: its factor is
+                # the same drift, and one disturbed round must not set it. Trace D, session 61: a first k = 3 round
+                # that took 147 ms against ~65 ms set width 4 at 1.63x while the others stood at 1.0-1.2x, and one
+                # paired `specactor` run never ran k = 3 again (279 of its 4-row rounds at k = 2)
+                start = self._line_factor(key[0], key[1], key[2])
+                self.scale[key] = start + self.decay * (ratio - start)
+            else:
+                self.scale[key] = ratio if previous is None else previous + self.decay * (ratio - previous)
             self._pull_stale(key, previous)
             if key is not pooled:  # the method set's factor relative to the pooled one, long-run
                 relative = self.scale[key] / self.scale[pooled]
@@ -1205,10 +1215,14 @@ class VerifyLengthPolicy:
         58). It follows the widest fresh width's drift instead, by the same factor (`previous`: that width's factor
         before this round), so the ratio it last ran at stands while the machine's state moves every width: kept
         still, widths 4-5 last run in a slow spell (1.31-1.33x the profile) stayed there once narrow rounds were
-        back at 1.13-1.18x, and a paired repeat held k = 2 (session 58)."""
+        back at 1.13-1.18x, and a paired repeat held k = 2 (session 58). Where the bucket's rounds are priced by the
+        tokens they verify (`_token_priced`, session 61) the factors carry no trimming, and stale widths are pulled to
+        the line as elsewhere: following the drift kept the ratio of a width's last round for good, and one slow k = 3
+        round (1.63x, the others at 1.0-1.2x) rose with a slow spell of k = 2 rounds to 1.85x (trace D, session 61)."""
         regime, bucket, width = observed
         now = len(self.history)
-        trimmed = bucket <= self.trimmed_rows
+        # in a token-priced bucket (`_token_priced`) the factors carry no trimming: the line is right there too
+        trimmed = bucket <= self.trimmed_rows and not self._token_priced(bucket, regime)
         fresh = [w for (r, b, w) in self.scale if r == regime and b == bucket
                  and now - self.seen_at.get((r, b, w), -1) <= self.stale_rounds] if trimmed else []
         widest_fresh = max(fresh + [width])

@@ -1308,17 +1308,17 @@ def test_a_trimmed_batch_prices_a_round_by_the_tokens_it_verifies(trimmed_rows):
         policy.observe_round(k, [k] * 8, [0] * 8, draft_s=0.0, round_s=seconds(8 * kept[k]), rows=8,
                              tokens=round(8 * kept[k]))
 
-    for _ in range(10):  # k = 3 never runs
+    for _ in range(40):  # k = 3 never runs
         for k in (0, 1, 2, 4):
             run(k)
     policy.stats.accept_through = list(accept)
     for k in (0, 1, 2, 4):
-        assert policy.verify_seconds(8, k) == pytest.approx(seconds(8 * kept[k]))
+        assert policy.verify_seconds(8, k) == pytest.approx(seconds(8 * kept[k]), rel=1e-3)
     if trimmed_rows:
         assert policy._tokens_per_row("", 8, 3) == pytest.approx(2.75)  # between k = 2 and k = 4
-        assert policy.verify_seconds(8, 3) == pytest.approx(seconds(22))
+        assert policy.verify_seconds(8, 3) == pytest.approx(seconds(22), rel=1e-3)
         assert policy.row_tokens[("", 8, 5)] == pytest.approx(3.0)
-        assert policy.calibration(5, rows=8) == pytest.approx(seconds(24) / (0.05 + 0.02 * 24))
+        assert policy.calibration(5, rows=8) == pytest.approx(seconds(24) / (0.05 + 0.02 * 24), rel=1e-3)
     else:  # by width: each width's factor carries its trimming, and width 4 is read off a line bent by it
         assert policy.calibration(5, rows=8) == pytest.approx(seconds(24) / (0.05 + 0.02 * 40))
         assert policy.verify_seconds(8, 3) < 0.995 * seconds(22)
@@ -1343,3 +1343,30 @@ def test_the_tokens_of_a_length_not_run_are_read_off_the_lengths_run():
     policy.history.append(4)
     policy.observe_round(4, [4] * 8, [0] * 8, draft_s=0.0, round_s=0.5, rows=8, tokens=24)
     assert policy._tokens_per_row("", 8, 3) == pytest.approx(2.75)
+
+
+def test_a_token_priced_width_is_not_set_by_one_slow_first_round_nor_kept_there_while_stale():
+    """Trace D, session 61: in a token-priced bucket a first k = 3 round took 147 ms against ~65 ms for its
+    neighbours, which set width 4 at 1.63x while the other widths stood at 1.0-1.2x; stale, it then followed the drift
+    of a slow spell of k = 2 rounds up to 1.85x, and that run never ran k = 3 again. There the factors are all the same
+    drift, so a width's first round starts from the line through the others (and moves `decay` of the way), and a
+    stale width is pulled to the line, not carried by the drift."""
+    table = packed_linear_table(0.05, 0.02)
+    policy = policy_with(table, [0.9, 0.8, 0.6, 0.4], decay=0.2, trimmed_rows=8)
+    kept = {0: 1.0, 1: 2.0, 2: 2.5, 3: 2.75, 4: 3.0}
+
+    def run(k: int, factor: float) -> None:
+        policy.history.append(k)
+        tokens = round(8 * kept[k])
+        seconds = factor * (table.cost(8, 1) if k == 0 else table.packed_cost(8, tokens))
+        policy.observe_round(k, [k] * 8, [0] * 8, draft_s=0.0, round_s=seconds, rows=8, tokens=tokens)
+
+    for _ in range(20):
+        for k in (0, 1, 2, 4):
+            run(k, 1.0)
+    run(3, 1.6)  # its first round, disturbed
+    assert policy.calibration(4, rows=8) == pytest.approx(1.0 + 0.2 * 0.6, abs=1e-3)
+    for _ in range(3 * policy.stale_rounds):  # a slow spell of k = 2 rounds: width 4 goes stale
+        run(2, 1.2)
+    assert policy.calibration(4, rows=8) == pytest.approx(1.2, abs=0.03)  # the line through the fresh widths
+    assert policy.calibration(3, rows=8) == pytest.approx(1.2, abs=1e-3)
