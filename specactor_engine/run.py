@@ -314,7 +314,8 @@ class Run:
         if calibration is not None and drafts.proposal.confidence is not None and plan.policy is not None:
             calibration.observe_round(drafts.proposal.confidence.numpy(), drafts.sources,
                                       drafts.proposal.num_tokens.numpy(), outcome.num_accepted.numpy())
-        self._record(plan, drafts, outcome)
+        tokens = len(slots) + int(drafts.proposal.num_tokens.sum())  # the real tokens verified, all rows
+        self._record(plan, drafts, outcome, tokens)
         own = outcome.num_accepted if verified.own_accepted is None else verified.own_accepted  # [R]
         self.proposer.credit(slots, drafts, own)
         if plan.policy is not None:
@@ -332,8 +333,7 @@ class Run:
                                       regime=plan.arm or "", methods=methods if drafts.chosen else None,
                                       draft_s_by_method=drafts.steady_draft_s(),
                                       catch_up_s=sum(drafts.catch_up_s_by_drafter.values()),
-                                      tokens=None if drafts.candidates is not None
-                                      else int((drafts.proposal.num_tokens + 1).sum()))
+                                      tokens=None if drafts.candidates is not None else tokens)
         if self.phase is not None:
             self.phase.observe(plan.arm, int(outcome.counts.sum()), clock.now() - started)
 
@@ -586,12 +586,12 @@ class Run:
     def _decode(self, ids: list[int]) -> str:
         return self.engine.tokenizer.decode(ids, skip_special_tokens=True)
 
-    def _record(self, plan: RoundPlan, drafts: RoundDrafts, outcome: RoundOutcome) -> None:
+    def _record(self, plan: RoundPlan, drafts: RoundDrafts, outcome: RoundOutcome, tokens: int) -> None:
         """The round's statistics: drafted and accepted tokens by position and by method, and its
-        timeline entry (the drafter-mix and verify-length plots read it)."""
+        timeline entry (the drafter-mix and verify-length plots read it); tokens: the real tokens it verified."""
         stats, sources = self.stats, drafts.sources
         num_drafts, num_accepted = drafts.proposal.num_tokens, outcome.num_accepted  # [R], [R]
-        stats.drafted_tokens += int(num_drafts.sum())
+        stats.drafted_tokens += tokens - len(num_drafts)
         stats.accepted_tokens += int(num_accepted.sum())
         deepest = int(num_drafts.max()) if len(num_drafts) else 0
         for i in range(min(len(stats.drafted_per_position), deepest)):
@@ -616,7 +616,7 @@ class Run:
             # the verify length's expected tokens/s per k when it chose this round, and the calibration each used
             # (observed / profiled seconds: diagnostics; none when held)
             # and the verify seconds it priced each k at; "tokens": the real tokens the round verified (all rows)
-            "tokens": int((drafts.proposal.num_tokens + 1).sum()),
+            "tokens": tokens,
             **({"scores": [round(x, 2) for x in plan.policy.scores],
                 "factors": [round(x, 3) for x in plan.policy.factors],
                 "priced_s": [round(x, 4) for x in plan.policy.priced]} if plan.policy is not None and plan.policy.scores

@@ -492,11 +492,14 @@ class VerifyLengthPolicy:
         the nearest batch bucket with observations; a width not observed there takes the factor that puts it on the
         line through the observed widths' seconds (`_line_factor`), else the nearest bucket's; with nothing
         observed it is 1."""
+        return self._memoised(("calibration", width, regime, rows), self._calibration, width, regime, rows)
+
+    def _memoised(self, key: tuple[Any, ...], compute: Callable[..., Any], *args: Any) -> Any:
+        """compute(*args), kept under `key` for the rest of the current `choose` (where nothing it reads changes)."""
         if self._memo is None:
-            return self._calibration(width, regime, rows)
-        key = ("calibration", width, regime, rows)
+            return compute(*args)
         if key not in self._memo:
-            self._memo[key] = self._calibration(width, regime, rows)
+            self._memo[key] = compute(*args)
         return self._memo[key]
 
     def _calibration(self, width: int, regime: str, rows: int) -> float:
@@ -509,12 +512,7 @@ class VerifyLengthPolicy:
     def _calibration_bucket(self, regime: str, rows: int) -> int | None:
         """The bucket whose factors calibrate a round of `rows` rows under `regime`: the nearest (in log scale) with
         observations, None with none."""
-        if self._memo is None:
-            return self._nearest_observed(regime, rows)
-        key = ("bucket", regime, rows)
-        if key not in self._memo:
-            self._memo[key] = self._nearest_observed(regime, rows)
-        return self._memo[key]
+        return self._memoised(("bucket", regime, rows), self._nearest_observed, regime, rows)
 
     def _nearest_observed(self, regime: str, rows: int) -> int | None:
         buckets = {b for (r, b, _) in self.scale if r == regime}
@@ -529,13 +527,7 @@ class VerifyLengthPolicy:
         if bucket > self.trimmed_rows:
             return False
         base = regime.split("|", 1)[0]
-        if self._memo is not None and ("packed", base) in self._memo:
-            return self._memo[("packed", base)]
-        cost = self.cost_for(base)
-        packed = any(t.packed for t in getattr(cost, "tables", (cost,)))
-        if self._memo is not None:
-            self._memo[("packed", base)] = packed
-        return packed
+        return self._memoised(("packed", base), _has_packed, self.cost_for(base))
 
     def _tokens_per_row(self, regime: str, bucket: int, k: int) -> float:
         """The real tokens a row of a round verifying k drafts is expected to verify in `bucket` (`row_tokens`): observed
@@ -544,12 +536,7 @@ class VerifyLengthPolicy:
         kept less often: an upper estimate); k + 1 (the whole width) with none observed, and never more."""
         if k == 0:
             return 1.0
-        if self._memo is None:
-            return self._row_tokens(regime, bucket, k)
-        key = ("row_tokens", regime, bucket, k)
-        if key not in self._memo:
-            self._memo[key] = self._row_tokens(regime, bucket, k)
-        return self._memo[key]
+        return self._memoised(("row_tokens", regime, bucket, k), self._row_tokens, regime, bucket, k)
 
     def _row_tokens(self, regime: str, bucket: int, k: int) -> float:
         seen = {w - 1: t for (r, b, w), t in self.row_tokens.items() if r == regime and b == bucket}
@@ -571,12 +558,8 @@ class VerifyLengthPolicy:
         """The profile's seconds of a round of `rows` rows verifying k drafts: its width's (rows x (k + 1) tokens), or
         in a token-priced bucket (`_token_priced`) a packed round of the tokens such rounds verify (`_tokens_per_row`).
         regime: a calibration key (its methods' part names no profile)."""
-        if self._memo is None:
-            return self._profiled_seconds(regime, rows, k, context, bucket)
-        key = ("profiled", regime, rows, k, context, bucket)
-        if key not in self._memo:
-            self._memo[key] = self._profiled_seconds(regime, rows, k, context, bucket)
-        return self._memo[key]
+        return self._memoised(("profiled", regime, rows, k, context, bucket), self._profiled_seconds, regime, rows, k,
+                              context, bucket)
 
     def _profiled_seconds(self, regime: str, rows: int, k: int, context: int | None, bucket: int | None) -> float:
         cost = self.cost_for(regime.split("|", 1)[0])
@@ -680,12 +663,7 @@ class VerifyLengthPolicy:
         return sum(n * (1.0 if m is None else self._method_tokens(m, k, optimism)) for m, n in counts.items())
 
     def _method_tokens(self, method: str, k: int, optimism: float = 0.0) -> float:
-        if self._memo is None:
-            return self.method_stats(method).expected_tokens(k, optimism)
-        key = ("tokens", method, k, optimism)
-        if key not in self._memo:
-            self._memo[key] = self.method_stats(method).expected_tokens(k, optimism)
-        return self._memo[key]
+        return self._memoised(("tokens", method, k, optimism), self.method_stats(method).expected_tokens, k, optimism)
 
     def method_draft_s(self, method: str, rows: int) -> float:
         """Seconds `method` takes to draft one position for a round of `rows` rows: measured, else its prior
@@ -1166,9 +1144,9 @@ class VerifyLengthPolicy:
                 self.draft_s_by_method[method] = seconds / k if old is None else old + self.decay * (seconds / k - old)
         # clamped: one round disturbed by a collection or a page fault must not swing the estimate
         key = (regime, self.bucket(rows), k + 1)
-        if k > 0 and tokens is None and self._token_priced(key[1], regime):
+        priced = k > 0 and self._token_priced(key[1], regime)
+        if priced and tokens is None:
             return  # a round of another shape (combination's candidate rows, run.py) says nothing of these prices
-        priced = k > 0 and tokens is not None and self._token_priced(key[1], regime)
         profiled = _round_cost(self.cost_for(regime), rows, k, tokens, context) if priced \
             else self.cost_for(regime).cost(rows, k + 1, context)
         ratio = min(max((round_s - draft_s) / max(profiled, 1e-9), MIN_SCALE), MAX_SCALE)
@@ -1235,6 +1213,11 @@ class VerifyLengthPolicy:
                     continue
                 share = self.decay * self.neighbour_share ** abs(other[2] - width)
                 self.scale[other] += share * (self._line_factor(regime, bucket, other[2]) - self.scale[other])
+
+
+def _has_packed(cost: Any) -> bool:
+    """The profile (`CostTable` or `CostProfile`) measured packed rounds."""
+    return any(t.packed for t in getattr(cost, "tables", (cost,)))
 
 
 def _round_cost(cost: Any, rows: int, k: int, tokens: float, context: int | None) -> float:
