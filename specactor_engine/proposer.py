@@ -52,6 +52,7 @@ class RoundDrafts:
     draft_s: float = 0.0  # seconds proposing the verified drafts (the critical path's drafting)
     shadow_s: float = 0.0  # seconds drafting idle rows for statistics only
     candidate_s: float = 0.0  # seconds drafting the combination's candidates
+    verify_s: float = 0.0  # seconds of the round's target forward and acceptance (the verifier), set by run.py
     draft_s_by_drafter: dict[str, float] = field(default_factory=dict)  # in-process drafting seconds by method
     catch_up_s_by_drafter: dict[str, float] = field(default_factory=dict)  # of which catching up (Drafter.catch_up_s)
     # draft trimming's early end of a model's drafting: (method, rows [R'] as indices into the round, their

@@ -306,7 +306,8 @@ class Run:
         self.stats.draft_s += drafts.draft_s + drafts.shadow_s + drafts.candidate_s
         verify_started = clock.now()
         verified = self.verifier.verify(slots, drafts)  # logits [R, k+1, V]; winning candidates swapped in
-        self.stats.verify_s += clock.now() - verify_started
+        drafts.verify_s = clock.now() - verify_started
+        self.stats.verify_s += drafts.verify_s
         self.stats.verify_rounds += 1
         self.stats.row_rounds += len(slots)
         outcome = self._accept_and_commit(slots, verified.logits, drafts.proposal)
@@ -444,17 +445,14 @@ class Run:
         """Combination verifies up to one candidate row per row in the same forward: nearly free while the
         forward is memory-bound, not where extra rows cost real time (trace D on a 2-core AVX2 CPU: 8 rows of
         width 3 took 0.87 s against 0.65 s for 4, for a few tokens more). Under a dynamic verify length it
-        runs only where the cost model puts the extra rows within COMBINE_MAX_EXTRA of the round's cost."""
+        runs only where the cost model puts the padded forward with the candidates within COMBINE_MAX_EXTRA of the
+        round as priced (`VerifyLengthPolicy.combination_pays`)."""
         policy = plan.policy
         if policy is None:
             return True
-        if plan.cap == 0:
-            return False
         rows = len(plan.slots)
-        extra = min(len(self.scratch), rows)
-        regime = plan.arm or ""
-        alone = policy.verify_seconds(rows, plan.cap, plan.context, regime)
-        return policy.verify_seconds(rows + extra, plan.cap, plan.context, regime) <= (1 + COMBINE_MAX_EXTRA) * alone
+        return policy.combination_pays(rows, min(len(self.scratch), rows), plan.cap, plan.context, plan.arm or "",
+                                       plan.methods, COMBINE_MAX_EXTRA)
 
     def _choose_arm(self, slots: torch.Tensor, caps: torch.Tensor, context: int) -> str | None:
         """Dynamic decoupling: this round's arm; switching pauses/resumes the workers and moves threads."""
@@ -615,8 +613,10 @@ class Run:
             **({"arm": plan.arm} if self.phase is not None else {}),
             # the verify length's expected tokens/s per k when it chose this round, and the calibration each used
             # (observed / profiled seconds: diagnostics; none when held)
-            # and the verify seconds it priced each k at; "tokens": the real tokens the round verified (all rows)
-            "tokens": tokens,
+            # and the verify seconds it priced each k at; "tokens": the real tokens the round verified (all rows);
+            # "verify_s": the verifier's seconds; "candidates": combination's candidate rows, where it ran
+            "tokens": tokens, "verify_s": round(drafts.verify_s, 5),
+            **({"candidates": len(drafts.candidates.rows)} if drafts.candidates is not None else {}),
             **({"scores": [round(x, 2) for x in plan.policy.scores],
                 "factors": [round(x, 3) for x in plan.policy.factors],
                 "priced_s": [round(x, 4) for x in plan.policy.priced]} if plan.policy is not None and plan.policy.scores

@@ -625,6 +625,28 @@ class VerifyLengthPolicy:
         policies/draft_trim.py), scaled as plain rounds are (trimmed rounds must not price their own cut)."""
         return self.cost_for(regime).packed_cost(rows, tokens, context) * self.calibration(1, regime, rows)
 
+    def padded_verify_seconds(self, rows: int, k: int, context: int | None = None, regime: str = "") -> float:
+        """Predicted seconds of one padded forward verifying k drafts on every one of `rows` rows (rows x (k + 1)
+        tokens, none cut): the profile's width, scaled by that width's factor, or in a token-priced bucket (whose
+        factors scale packed costs) by plain rounds', as `packed_verify_seconds`."""
+        bucket = self._calibration_bucket(regime, rows)
+        width = 1 if bucket is not None and self._token_priced(bucket, regime) else k + 1
+        return self.cost_for(regime).cost(rows, k + 1, context) * self.calibration(width, regime, rows)
+
+    def combination_pays(self, rows: int, extra: int, k: int, context: int | None = None, regime: str = "",
+                         methods: Sequence[str | None] | None = None, max_extra: float = 0.1) -> bool:
+        """Combination's candidates, up to `extra` rows of k drafts verified beside the `rows` rows' own in the same
+        forward, add at most `max_extra` to the round as priced (`verify_seconds` of its assignment `methods`). The
+        verifier runs such a round as one padded forward of rows + extra rows of k + 1 tokens (`padded_verify_seconds`):
+        nearly free where the forward is memory-bound, not past the compute ridge. Trace D on the Zen 5 CPU of session
+        62: a 4-row round priced at ~57 ms by the ~12 tokens it verified took 115-175 ms with 1-4 candidates, where the
+        check had weighed 8 rows of the same trimmed tokens per row; ~50 such rounds in one run (+2.7 s), and the
+        feature drafter's slow rounds handed stretches to suffix and n-gram drafts."""
+        if k == 0 or extra <= 0:
+            return False
+        alone = self.verify_seconds(rows, k, context, regime, methods)
+        return self.padded_verify_seconds(rows + extra, k, context, regime) <= (1 + max_extra) * alone
+
     def idle_and_costly(self, method: str, rows: int) -> bool:
         """`method` is not in use and drafts a position in more than `idle_share` of a width-1 round of `rows`
         rows: the engine defers its prefill of newly admitted rows (a draft model out of use may never draft

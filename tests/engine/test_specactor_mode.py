@@ -168,6 +168,9 @@ def test_combined_candidates_are_exact_and_the_longer_path_wins(target, temperat
     assert token_ids(result) == reference
     stats = result.stats
     assert stats.candidate_rows > 0 and 0 < stats.candidate_wins <= stats.candidate_rows, stats
+    # the timeline counts each round's candidate rows and its verifier seconds
+    assert sum(entry.get("candidates", 0) for entry in stats.timeline) == stats.candidate_rows
+    assert sum(entry["verify_s"] for entry in stats.timeline) == pytest.approx(stats.verify_s, abs=1e-3)
     # without combination the same run is exact too, and accepts less per round
     plain = specactor_engine(target, drafters).generate(ragged_requests(6), params)
     assert token_ids(plain) == reference and plain.stats.candidate_rows == 0

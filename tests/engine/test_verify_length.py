@@ -1370,3 +1370,33 @@ def test_a_token_priced_width_is_not_set_by_one_slow_first_round_nor_kept_there_
         run(2, 1.2)
     assert policy.calibration(4, rows=8) == pytest.approx(1.2, abs=0.03)  # the line through the fresh widths
     assert policy.calibration(3, rows=8) == pytest.approx(1.2, abs=1e-3)
+
+
+def _two_bucket_table(fixed: float, per_token: float) -> CostTable:
+    """Batches of 1 and 4 rows (trace D's profile), packed rounds measured at 4: fixed + per_token x tokens."""
+    batches = (1, 4)
+    packed = ((), tuple(fixed + per_token * n for n in range(4, 4 * WIDTHS[-1] + 1)))
+    return CostTable(batches, WIDTHS, tuple(tuple(fixed + per_token * b * w for w in WIDTHS) for b in batches), 0,
+                     packed)
+
+
+@pytest.mark.parametrize("per_token, pays", [(5e-4, False), (5e-5, True)])
+def test_combination_is_priced_as_the_padded_forward_that_runs_it(per_token, pays):
+    """Combination's candidates run in one padded forward of rows + candidates rows x (k + 1) tokens. Trace D, session
+    62: 4-row rounds priced at ~57 ms by the ~12 tokens they verified took 115-175 ms with 1-4 candidates, where the
+    check had priced 8 rows of the same trimmed tokens a row (within 10% on some rounds). Here trimmed rounds verify
+    1.5 tokens a row: 8 such rows would cost 6% more, but the padded forward of 8 x 5 tokens costs 32% more past the
+    ridge (per_token 5e-4 of a 0.05 s round) and 4% more where the forward is memory-bound (5e-5)."""
+    table = _two_bucket_table(0.05, per_token)
+    policy = policy_with(table, [0.9, 0.8, 0.6, 0.4], trimmed_rows=8, decay=0.5)
+    for _ in range(20):
+        policy.history.append(4)
+        policy.observe_round(4, [4] * 4, [4] * 4, draft_s=0.0, round_s=table.packed_cost(4, 6), rows=4, tokens=6)
+    alone = policy.verify_seconds(4, 4)
+    assert alone == pytest.approx(table.packed_cost(4, 6), rel=1e-3)
+    if not pays:  # what the check weighed before: 8 rows at the trimmed rounds' tokens, within its 10%
+        assert policy.verify_seconds(8, 4) <= 1.1 * alone
+    assert policy.padded_verify_seconds(8, 4) == pytest.approx(table.cost(8, 5) * policy.calibration(1, rows=4))
+    assert policy.combination_pays(4, 4, 4, max_extra=0.1) is pays
+    assert not policy.combination_pays(4, 4, 0, max_extra=0.1)  # nothing to combine in a plain round
+    assert not policy.combination_pays(4, 0, 4, max_extra=0.1)
