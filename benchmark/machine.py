@@ -6,6 +6,7 @@ import logging
 import os
 import platform
 import subprocess
+import threading
 import time
 from importlib import metadata
 from pathlib import Path
@@ -27,6 +28,31 @@ def log_engine_progress() -> None:
     for name in ("specactor_engine.policies.cost_profile", "specactor_engine.model.registry",
                  "specactor_engine.kernels.bf16_linear"):
         logging.getLogger(name).setLevel(logging.INFO)
+
+
+class GcTimer:
+    """A `gc.callbacks` entry: seconds spent in garbage collections, by the thread that triggered them, and the
+    collections of each generation (a full, generation-2 collection walks every tracked object in the process)."""
+
+    def __init__(self) -> None:
+        self.by_thread: dict[str, float] = {}
+        self.collections: dict[int, int] = {}
+        self._started: float | None = None
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        elif self._started is not None:
+            name = threading.current_thread().name
+            self.by_thread[name] = self.by_thread.get(name, 0.0) + time.perf_counter() - self._started
+            generation = int(info.get("generation", -1))
+            self.collections[generation] = self.collections.get(generation, 0) + 1
+            self._started = None
+
+    @property
+    def seconds(self) -> float:
+        """Every thread's collection seconds."""
+        return sum(self.by_thread.values())
 
 
 def cpu_flags() -> list[str]:

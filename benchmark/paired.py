@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from benchmark.interface import FinishClock
+from benchmark.machine import GcTimer
 
 logger = logging.getLogger(__name__)
 
@@ -163,22 +164,6 @@ class TurnClock(FinishClock):
         super().progress(finished, total)
         self.round_ends.append(self.turns.elapsed(self.name))
         self.turns.pass_turn(self.name)
-
-
-class GcTimer:
-    """A `gc.callbacks` entry: seconds spent in garbage collections, by the thread that triggered them."""
-
-    def __init__(self) -> None:
-        self.by_thread: dict[str, float] = {}
-        self._started: float | None = None
-
-    def __call__(self, phase: str, info: dict[str, Any]) -> None:
-        if phase == "start":
-            self._started = time.perf_counter()
-        elif self._started is not None:
-            name = threading.current_thread().name
-            self.by_thread[name] = self.by_thread.get(name, 0.0) + time.perf_counter() - self._started
-            self._started = None
 
 
 def check_pairable(systems: Sequence[str], bases: Sequence[str], replicas: int) -> str | None:

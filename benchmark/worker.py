@@ -23,7 +23,7 @@ from typing import Any, Callable, TypeVar
 
 import torch
 
-from benchmark.machine import busy_cpu_s, log_engine_progress, read_bandwidth_gbps
+from benchmark.machine import GcTimer, busy_cpu_s, log_engine_progress, read_bandwidth_gbps
 from benchmark.metrics import tail_time
 from benchmark.systems import FinishClock, Generation, RunSpec, build_system
 from benchmark.traces import build_requests, sampling_config
@@ -55,9 +55,14 @@ def run_once(spec: RunSpec) -> dict[str, Any]:
     if profiler is not None:
         profiler.enable()
     busy_before, own_before = busy_cpu_s(), time.process_time() + system.external_cpu_s()
+    gc_timer = GcTimer()  # the interpreter's garbage collections during the timed run: part of its makespan
+    gc.callbacks.append(gc_timer)
     start = clock.start()
-    generation = system.generate(requests, sampling, clock)
-    makespan_s = time.perf_counter() - start
+    try:
+        generation = system.generate(requests, sampling, clock)
+    finally:
+        makespan_s = time.perf_counter() - start
+        gc.callbacks.remove(gc_timer)
     contention = _cpu_shares(busy_before, own_before, makespan_s, spec.threads, system.external_cpu_s())
     if profiler is not None:
         profiler.disable()
@@ -71,6 +76,7 @@ def run_once(spec: RunSpec) -> dict[str, Any]:
         "loadavg_1m_start": loadavg_start, "loadavg_1m_end": os.getloadavg()[0], "threads": torch.get_num_threads(),
         "mem_read_gbps": (bandwidth_start + bandwidth_end) / 2,
         "mem_read_gbps_start_end": [bandwidth_start, bandwidth_end],
+        "gc_s": gc_timer.seconds, "gc_collections": {str(g): n for g, n in sorted(gc_timer.collections.items())},
     }
 
 

@@ -72,6 +72,9 @@ def test_results_have_every_figure(bench_results):
     # drafter use: one row per (system, method) that drafted, e.g. coupled's draft model, specactor's methods
     assert "| `coupled` |" in use and "| `specactor` | suffix |" in use and "| `ar` |" not in use
     assert (out / "trace.json").is_file()
+    # each run records the garbage collections of its timed rollout, by generation
+    run = json.loads((out / "runs" / "specactor-0.json").read_text())
+    assert 0.0 <= run["gc_s"] < run["makespan_s"] and {int(g) for g in run["gc_collections"]} <= {0, 1, 2}
 
 
 def test_report_only_rebuilds_the_results_from_the_runs(bench_results, tmp_path):

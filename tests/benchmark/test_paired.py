@@ -152,6 +152,8 @@ def test_collections_are_charged_to_the_thread_that_ran_them():
     finally:
         gc.callbacks.remove(timer)
     assert set(timer.by_thread) == {"paired-x"} and timer.by_thread["paired-x"] > 0.0
+    # a full collection, counted under generation 2; the unpaired worker reports the sum over threads
+    assert timer.collections.get(2, 0) >= 1 and timer.seconds == pytest.approx(timer.by_thread["paired-x"])
 
 
 def test_turn_order_rotates_with_the_repeat():
