@@ -60,9 +60,10 @@ A pure policy over statistics (no torch, no engine), so it can be unit-tested on
   nothing observed borrows the nearest bucket's.
 - Where the engine trims drafts (a few rows on a CPU: `trimmed_rows`) and the profile measured packed rounds, a round
   verifies only the drafts that pay, so its width says little of its cost. There it is priced by the packed cost of
-  the real tokens it verifies (`row_tokens`: per length, what such rounds verified; a length not run is read between
-  the lengths run, `_tokens_per_row`), and its factor is observed / that cost: the machine's drift and the host work,
-  not the trimming, so a width not run is read off a line that trimming does not bend.
+  the real tokens it verifies (a length run: the mean share of its whole round that its rounds' tokens cost,
+  `row_cost_share`; a length not run: the tokens read between the lengths run, `row_tokens`, `_tokens_per_row`), and
+  its factor is observed / that cost: the machine's drift and the host work, not the trimming, so a width not run is
+  read off a line that trimming does not bend.
 """
 
 from __future__ import annotations
@@ -463,6 +464,15 @@ class VerifyLengthPolicy:
     # and k = 3, never run, read off the line through the others at 1.2-1.36x: one paired `specactor` run spent 134
     # of its 4-row rounds at k = 2 where `coupled-feature` spent 57
     row_tokens: dict[tuple[str, int, int], float] = field(default_factory=dict)
+    # the same keys -> the mean share of the width's whole round (rows x (k + 1) tokens) that the packed cost of its rounds'
+    # real tokens came to: a width run is priced at that share of its whole round, the mean of what its rounds cost, not
+    # the cost of their mean tokens (`_profiled`). The packed cost is a staircase (oneDNN blocks a GEMM's rows: on the Zen
+    # 5 CPU 12 tokens of 4 rows cost ~55 ms and 13 ~75 ms) and trimmed rounds sit on its steps. Trace D, session 62: one
+    # run's first k = 4 round verified all 20 of its tokens and its later ones 12; the mean tokens (~16 after four, the
+    # first taken whole) priced k = 4 at ~80 ms where those rounds took 52-67, and the run held k = 2 for 157 rounds.
+    # Both are running means over a width's first 1 / decay rounds, then EMAs (`row_rounds` counts them)
+    row_cost_share: dict[tuple[str, int, int], float] = field(default_factory=dict)
+    row_rounds: dict[tuple[str, int, int], int] = field(default_factory=dict)
     fresh: set[str] = field(default_factory=set)  # methods observed since the last `choose`
     # an assignment whose best expected rate at its last weighing was below `far_share` of the chosen round's is
     # weighed again only `far_every` rounds later (`far_options`), unless its methods are in use or it is the first
@@ -556,7 +566,8 @@ class VerifyLengthPolicy:
 
     def _profiled(self, regime: str, rows: int, k: int, context: int | None, bucket: int | None) -> float:
         """The profile's seconds of a round of `rows` rows verifying k drafts: its width's (rows x (k + 1) tokens), or
-        in a token-priced bucket (`_token_priced`) a packed round of the tokens such rounds verify (`_tokens_per_row`).
+        in a token-priced bucket (`_token_priced`) the mean share of that its rounds' real tokens cost (`row_cost_share`)
+        for a width run, else a packed round of the tokens such rounds are expected to verify (`_tokens_per_row`).
         regime: a calibration key (its methods' part names no profile)."""
         return self._memoised(("profiled", regime, rows, k, context, bucket), self._profiled_seconds, regime, rows, k,
                               context, bucket)
@@ -565,6 +576,9 @@ class VerifyLengthPolicy:
         cost = self.cost_for(regime.split("|", 1)[0])
         if k == 0 or bucket is None or not self._token_priced(bucket, regime):
             return cost.cost(rows, k + 1, context)
+        share = self.row_cost_share.get((regime, bucket, k + 1))
+        if share is not None:  # a width run: the mean share of its whole round that its rounds' tokens cost
+            return cost.cost(rows, k + 1, context) * share
         return _round_cost(cost, rows, k, rows * self._tokens_per_row(regime, bucket, k), context)
 
     def _line_factor(self, regime: str, bucket: int, width: int) -> float:
@@ -1169,18 +1183,15 @@ class VerifyLengthPolicy:
         priced = k > 0 and self._token_priced(key[1], regime)
         if priced and tokens is None:
             return  # a round of another shape (combination's candidate rows, run.py) says nothing of these prices
-        profiled = _round_cost(self.cost_for(regime), rows, k, tokens, context) if priced \
-            else self.cost_for(regime).cost(rows, k + 1, context)
+        whole = self.cost_for(regime).cost(rows, k + 1, context)
+        profiled = _round_cost(self.cost_for(regime), rows, k, tokens, context) if priced else whole
         ratio = min(max((round_s - draft_s) / max(profiled, 1e-9), MIN_SCALE), MAX_SCALE)
         keyed = self._calibration_regime(regime, methods, rows) if k > 0 else None
         pooled = key
         for key in [key] + ([(keyed, key[1], key[2])] if keyed is not None else []):  # pooled, and its methods'
             self.seen_at[key] = len(self.history)
             if priced:
-                per_row = min(max(tokens / max(rows, 1), 1.0), k + 1.0)
-                old_tokens = self.row_tokens.get(key)
-                self.row_tokens[key] = per_row if old_tokens is None else \
-                    old_tokens + self.decay * (per_row - old_tokens)
+                self._observe_tokens(key, tokens, rows, k, profiled / max(whole, 1e-12))
             previous = self.scale.get(key)
             if previous is None and priced and any(r == key[0] and b == key[1] for (r, b, _) in self.scale):
                 # a width first run in a token-priced bucket where others ran starts from their line: its factor is
@@ -1197,6 +1208,19 @@ class VerifyLengthPolicy:
                 long = self.scale_long.get(key)
                 self.scale_long[key] = relative if long is None else long + self.realised_decay * (relative - long)
                 self.scale_fresh.add(key)
+
+    def _observe_tokens(self, key: tuple[str, int, int], tokens: int, rows: int, k: int, share: float) -> None:
+        """Fold a token-priced round's real tokens into `row_tokens` and their packed cost's share of the whole round
+        into `row_cost_share`: the running mean of the width's first 1 / decay rounds, then an EMA (one early round,
+        its drafts all kept, must not hold a width's price for the dozens of rounds a rarely run width takes to forget
+        it)."""
+        rounds = self.row_rounds[key] = self.row_rounds.get(key, 0) + 1
+        weight = max(1.0 / rounds, self.decay)
+        per_row = min(max(tokens / max(rows, 1), 1.0), k + 1.0)
+        share = min(max(share, 0.0), 1.0)
+        for table, value in ((self.row_tokens, per_row), (self.row_cost_share, share)):
+            old = table.get(key)
+            table[key] = value if old is None else old + weight * (value - old)
 
     def _pull_stale(self, observed: tuple[str, int, int], previous: float | None = None) -> None:
         """Widths of the same regime and bucket not observed for `stale_rounds` move toward the factor the widths

@@ -1395,8 +1395,49 @@ def test_combination_is_priced_as_the_padded_forward_that_runs_it(per_token, pay
     alone = policy.verify_seconds(4, 4)
     assert alone == pytest.approx(table.packed_cost(4, 6), rel=1e-3)
     if not pays:  # what the check weighed before: 8 rows at the trimmed rounds' tokens, within its 10%
-        assert policy.verify_seconds(8, 4) <= 1.1 * alone
+        assert table.packed_cost(8, 12) <= 1.1 * alone
     assert policy.padded_verify_seconds(8, 4) == pytest.approx(table.cost(8, 5) * policy.calibration(1, rows=4))
     assert policy.combination_pays(4, 4, 4, max_extra=0.1) is pays
     assert not policy.combination_pays(4, 4, 0, max_extra=0.1)  # nothing to combine in a plain round
     assert not policy.combination_pays(4, 0, 4, max_extra=0.1)
+
+
+def _staircase_table() -> CostTable:
+    """Batches of 1 and 4 rows, packed rounds measured at 4 on a staircase: 4-12 tokens 50-54 ms, 13-20 tokens 75-89 ms
+    (trace D's profile on the Zen 5 CPU of session 62: 12 tokens ~55 ms, 13 ~75 ms)."""
+    def packed(n: int) -> float:
+        return 0.050 + 0.0005 * (n - 4) if n <= 12 else 0.075 + 0.002 * (n - 13)
+
+    seconds = (tuple(0.045 + 0.001 * w for w in WIDTHS), tuple(packed(4 * w) for w in WIDTHS))
+    return CostTable((1, 4), WIDTHS, seconds, 0, ((), tuple(packed(n) for n in range(4, 21))))
+
+
+def test_a_width_run_is_priced_at_the_mean_cost_of_its_rounds_not_the_cost_of_their_mean_tokens():
+    """Trace D, session 62: one run's first k = 4 round kept all 20 of its drafted tokens, its later k = 4 rounds 12.
+    Priced at the packed cost of the rounds' mean tokens (an EMA that took the first round whole), k = 4 stood past the
+    profile's step at 12 tokens (~80 ms where its rounds took 52-67), and the run held k = 2 for 157 rounds. A width
+    run is priced at the mean of what its rounds cost (`row_cost_share`), and a width's first rounds are a running
+    mean."""
+    table = _staircase_table()
+    policy = policy_with(table, [0.9, 0.8, 0.7, 0.6], trimmed_rows=8, hysteresis=0.0)
+
+    def run(k: int, tokens: int) -> None:
+        policy.history.append(k)
+        policy.observe_round(k, [k] * 4, [k] * 4, draft_s=0.0, round_s=table.packed_cost(4, tokens), rows=4,
+                             tokens=tokens)
+
+    run(2, 12)
+    run(4, 20)  # a first deep round whose drafts were all kept
+    for _ in range(3):
+        run(4, 12)
+    mean = (table.packed_cost(4, 20) + 3 * table.packed_cost(4, 12)) / 4
+    assert policy.row_tokens[("", 4, 5)] == pytest.approx(3.5)  # the running mean of its first rounds' tokens
+    assert table.packed_cost(4, 14) > 1.2 * mean  # what those mean tokens cost: past the step
+    assert policy.verify_seconds(4, 4) == pytest.approx(mean, rel=1e-3)
+    assert policy.verify_seconds(4, 2) == pytest.approx(table.packed_cost(4, 12), rel=1e-3)
+    # E[k = 4] / E[k = 2] = 3.75 / 2.7 tokens a row: k = 4 at ~63 ms beats k = 2 at 54 ms (at ~81 ms it would not)
+    policy.stats.accept_through = [0.9, 0.8, 0.6, 0.45]
+    assert policy.best(4) == 4
+    for _ in range(40):  # then an EMA: what its rounds cost lately
+        run(4, 12)
+    assert policy.verify_seconds(4, 4) == pytest.approx(table.packed_cost(4, 12), rel=1e-3)
