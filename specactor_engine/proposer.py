@@ -242,11 +242,13 @@ class Proposer:
         assert self.coordinator is not None
         caps = drafts.caps
         self.coordinator.poll()
-        started = clock.now()
-        stream_tokens, stream_num = (torch.from_numpy(a) for a in self.coordinator.take(slots.numpy(), caps.numpy()))
-        take_s = clock.now() - started
         if not len(caps) or int(caps.max()) == 0:
             return
+        if workers_on:  # what has streamed in (paused, the rows' buffers are not kept up: nothing to take)
+            started = clock.now()
+            stream_tokens, stream_num = (torch.from_numpy(a) for a in self.coordinator.take(slots.numpy(),
+                                                                                            caps.numpy()))
+            take_s = clock.now() - started
         methods = self._methods(workers_on)
         if self.selector is not None:
             drafts.chosen = self._choose(slots, methods, chosen)
@@ -256,8 +258,11 @@ class Proposer:
             drafts.chosen = [methods[0]] * len(slots)
         by_workers = torch.tensor([c == WORKERS for c in drafts.chosen])
         self._draft_rows(slots, drafts, (caps > 0) & ~by_workers)
+        if not workers_on:  # paused: their streamed drafts are not taken (`DecoupledCoordinator.after_round`)
+            drafts.fallback = torch.zeros_like(caps > 0)
+            return
         merged = drafts.proposal
-        fill = (caps > 0) & (merged.num_tokens == 0) & (stream_num > 0) if workers_on else torch.zeros_like(caps > 0)
+        fill = (caps > 0) & (merged.num_tokens == 0) & (stream_num > 0)
         drafts.fallback = fill & ~by_workers
         rows = fill.nonzero().flatten()
         width = stream_tokens.shape[1]

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from specactor_engine.decoupled.protocol import Commits, Drafts, extend_hash, extend_hash_many
+from specactor_engine.decoupled.protocol import EMPTY_HASH, Commits, Drafts, extend_hash, extend_hash_many
 
 
 class DraftBuffers:
@@ -39,6 +39,17 @@ class DraftBuffers:
         self.committed_len[slots] = 0
         self.committed_hash[slots] = 0
         self.pending_hash[slots] = 0
+
+    def resync(self, slots: np.ndarray, outputs: list[np.ndarray]) -> None:
+        """Rows whose rounds were not reconciled (the workers were paused): their committed output as it is now,
+        outputs [R] one array each, and no pending drafts (a worker realigns from the commits it is sent)."""
+        for slot, output in zip(slots.tolist(), outputs):
+            self.committed_hash[slot] = extend_hash_many(np.array([EMPTY_HASH], dtype=np.int64),
+                                                         np.asarray(output, dtype=np.int64)[None, :],
+                                                         np.array([len(output)], dtype=np.int64))[0]
+            self.committed_len[slot] = len(output)
+        self.count[slots] = 0
+        self.pending_hash[slots] = self.committed_hash[slots]
 
     def drop_pending(self, slots: np.ndarray) -> None:
         """Forget the rows' drafts (their worker is gone)."""

@@ -69,6 +69,7 @@ class DecoupledCoordinator:
         self.output_of: Callable[[int], list[int]] = lambda slot: []
         self.generation = 0
         self.paused = False
+        self.unreconciled = np.zeros(0, dtype=bool)  # [S] rows that committed while paused (`after_round`)
         self.weights_message: LoadWeights | None = None  # the latest weights pushed (re-sent on restart)
 
     # ------------------------------------------------------------------ lifecycle
@@ -80,6 +81,7 @@ class DecoupledCoordinator:
         self.buffers = DraftBuffers(num_slots, window)
         self.worker_of = np.full(num_slots, NO_WORKER, dtype=np.int64)
         self.sent = np.zeros(num_slots, dtype=np.int64)  # output tokens of each row its worker has been sent
+        self.unreconciled = np.zeros(num_slots, dtype=bool)
         self.rows.clear()
         self.output_of = output_of
         self.paused = False
@@ -179,12 +181,22 @@ class DecoupledCoordinator:
         """
         resuming = self.paused and not paused
         self.paused = paused
+        if resuming:
+            self._resync()
         for index, worker in enumerate(self.workers):
             if not worker.ready:
                 continue
             if resuming:
                 self._send_missed_commits(index)
             self._send(index, Pause(paused))
+
+    def _resync(self) -> None:
+        """The buffers of the rows that committed while paused, brought up to their committed output."""
+        if self.buffers is None or not self.unreconciled.any():
+            return
+        slots = np.flatnonzero(self.unreconciled & (self.worker_of != NO_WORKER))
+        self.buffers.resync(slots, [np.asarray(self.output_of(s), dtype=np.int64) for s in slots.tolist()])
+        self.unreconciled[:] = False
 
     def _send_missed_commits(self, index: int) -> None:
         """One `Commits` with every output token the worker's rows committed since it was last sent any."""
@@ -208,6 +220,7 @@ class DecoupledCoordinator:
             if self.workers[index].ready:
                 self._send(index, RemoveRows(slots[owners == index]))
         self.worker_of[slots] = NO_WORKER
+        self.unreconciled[slots] = False
         for slot in slots.tolist():
             self.rows.pop(slot, None)
 
@@ -248,11 +261,15 @@ class DecoupledCoordinator:
         return self.buffers.take(slots, caps)
 
     def after_round(self, slots: np.ndarray, output: np.ndarray, emitted: np.ndarray) -> None:
-        """Reconcile the buffers with a verify (or prefill) round and send each worker its commits."""
+        """Reconcile the buffers with a verify (or prefill) round and send each worker its commits. Paused, neither:
+        nothing is taken from the buffers then, so the rows are marked and brought up to date on resume (`_resync`),
+        and `pause(False)` sends what they committed meanwhile (trace D on 2 cores, where the workers stay paused:
+        reconciling every round was ~0.3 ms of host work a round)."""
         assert self.buffers is not None
-        commits = self.buffers.reconcile(slots, output, emitted)
         if self.paused:
-            return  # held back: `pause(False)` sends what the rows committed meanwhile
+            self.unreconciled[slots] = True
+            return
+        commits = self.buffers.reconcile(slots, output, emitted)
         owners = self.worker_of[slots]
         for index in set(owners.tolist()) - {NO_WORKER}:
             if not self.workers[index].ready:

@@ -329,10 +329,22 @@ def test_paused_workers_get_no_commits_and_catch_up_on_resume(target):
     commit({0: [4], 1: [5, 6]})
     commit({0: [7, 8, 9], 1: []})
     assert not any(isinstance(m, Commits) for m in transport.sent[paused_from:])
+    # nor are the buffers reconciled while paused (nothing is taken from them): marked, brought up to date on resume
+    assert coordinator.unreconciled[[0, 1]].all() and coordinator.buffers.committed_len.tolist() == [2, 1]
     coordinator.pause(False)
     resumed = transport.sent[paused_from:]
     assert [type(m) for m in resumed] == [Commits, Pause]  # the missed commits, then the resume
+    assert not coordinator.unreconciled.any()
     commit({0: [10], 1: [11]})
+    buffers = coordinator.buffers
+    for slot in (0, 1):
+        assert buffers.committed_len[slot] == len(outputs[slot])
+        assert buffers.committed_hash[slot] == buffers.pending_hash[slot] == chain_hash(outputs[slot])
+    # a draft the worker builds on the resumed chain joins the buffer
+    buffers.ingest(Drafts(np.array([0]), np.array([len(outputs[0])]), np.array([3]),
+                          np.array([chain_hash(outputs[0])], dtype=np.int64), 0.0, coordinator.generation),
+                   np.array([True, True]))
+    assert buffers.count[0] == 1
     worker = DraftWorker(target, target.config.vocab_size)
     for message in transport.sent:
         worker.handle(message)
