@@ -43,11 +43,12 @@ class DraftBuffers:
     def resync(self, slots: np.ndarray, outputs: list[np.ndarray]) -> None:
         """Rows whose rounds were not reconciled (the workers were paused): their committed output as it is now,
         outputs [R] one array each, and no pending drafts (a worker realigns from the commits it is sent)."""
-        for slot, output in zip(slots.tolist(), outputs):
-            self.committed_hash[slot] = extend_hash_many(np.array([EMPTY_HASH], dtype=np.int64),
-                                                         np.asarray(output, dtype=np.int64)[None, :],
-                                                         np.array([len(output)], dtype=np.int64))[0]
-            self.committed_len[slot] = len(output)
+        lengths = np.array([len(o) for o in outputs], dtype=np.int64)
+        tokens = np.zeros((len(slots), int(lengths.max(initial=0))), dtype=np.int64)
+        for row, output in enumerate(outputs):
+            tokens[row, : len(output)] = output
+        self.committed_hash[slots] = extend_hash_many(np.full(len(slots), EMPTY_HASH, dtype=np.int64), tokens, lengths)
+        self.committed_len[slots] = lengths
         self.count[slots] = 0
         self.pending_hash[slots] = self.committed_hash[slots]
 
