@@ -163,6 +163,45 @@ def grow_vocab(vocab: GrowingVocab, seen: torch.Tensor, state: SequenceState, sl
     seen[slots] = state.lengths[slots]
 
 
+class VocabGrowth:
+    """A growing vocabulary's intake of the target's tokens, deferred to when the drafter needs it.
+
+    A row's prompt joins at admission (`admit`). What the target commits after a round only marks the row
+    (`committed`); the marked rows' new tokens join before the drafter next drafts (`before_drafting`) or when a
+    row finishes (`finish`: the state still holds its tokens, and its slot may be reused next). The vocabulary a
+    draft sees is the same as if every round's tokens had joined at once; a drafter that sits idle for most
+    rounds (trace D's 0.5B beside the feature-level drafter) no longer gathers every row's new tokens each
+    round (~0.06 s of a ~21 s run on the Zen 5 CPU, py-spy at 250 Hz)."""
+
+    def __init__(self, vocab: GrowingVocab, num_slots: int) -> None:
+        self.vocab = vocab
+        self.seen = torch.zeros(num_slots, dtype=torch.long)  # [S] tokens of each slot already in the vocabulary
+        self.due = torch.zeros(num_slots, dtype=torch.bool)  # [S] rows that committed tokens not yet taken in
+
+    def admit(self, state: SequenceState, slots: torch.Tensor) -> None:
+        """New rows in `slots`: their prompts join now."""
+        self.seen[slots] = 0
+        self.due[slots] = False
+        grow_vocab(self.vocab, self.seen, state, slots)
+
+    def committed(self, slots: torch.Tensor) -> None:
+        """`slots` committed tokens this round."""
+        self.due[slots] = True
+
+    def before_drafting(self, state: SequenceState) -> None:
+        """Every marked row's new tokens join."""
+        self._take(state, self.due.nonzero().flatten())
+
+    def finish(self, state: SequenceState, slots: torch.Tensor) -> None:
+        """`slots` finished: their last tokens join before the slots are reused."""
+        self._take(state, slots[self.due[slots]])
+
+    def _take(self, state: SequenceState, slots: torch.Tensor) -> None:
+        if len(slots):
+            grow_vocab(self.vocab, self.seen, state, slots)
+            self.due[slots] = False
+
+
 def float_linear(rows: torch.Tensor) -> nn.Module:
     """A bias-free linear over `rows` [N, d] (a float compact head), packed like the drafter's own linears where
     packing applies (the 0.5B's bf16 draft step at 4 rows over a 32k-token head: 20.9 ms with it packed for the

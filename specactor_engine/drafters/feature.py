@@ -24,7 +24,7 @@ import torch
 
 from specactor_engine import clock
 from specactor_engine.drafters.base import DraftRequest, Drafter, DrafterContext, register_drafter
-from specactor_engine.drafters.draft_head import DraftHead, grow_vocab, growing_vocab, propose_rows
+from specactor_engine.drafters.draft_head import DraftHead, VocabGrowth, growing_vocab, propose_rows
 from specactor_engine.drafters.model import fitting_batches, prefill_prompts
 from specactor_engine.model.draft_vocab import GrowingVocab, load_draft_vocab
 from specactor_engine.model.feature_draft import FeatureDraftModel
@@ -60,6 +60,7 @@ class FeatureDrafter(Drafter):
         self.target: ModelRunner | None = None
         self.vocab: GrowingVocab | None = None
         self.num_slots = 0
+        self._growth: VocabGrowth | None = None  # the growing vocabulary's intake (allocate, bind_target)
 
     # ------------------------------------------------------------------ binding and building
     def bind_target(self, target: ModelRunner) -> None:
@@ -74,6 +75,7 @@ class FeatureDrafter(Drafter):
         self.trained_vocab = trained is not None  # a trained head's vocabulary stays fixed
         self.vocab = GrowingVocab(trained, bound) if trained is not None else \
             growing_vocab(self.vocab_size_wanted, bound, self.tokenizer)
+        self._growth = VocabGrowth(self.vocab, self.num_slots) if self.grows else None
         self._build_runner()
 
     def _configured_model(self) -> FeatureDraftModel:
@@ -119,7 +121,7 @@ class FeatureDrafter(Drafter):
 
     def allocate(self, num_slots: int, max_len: int) -> None:
         self.num_slots, self.max_len = num_slots, max_len
-        self._vocab_seen = torch.zeros(num_slots, dtype=torch.long)
+        self._growth = VocabGrowth(self.vocab, num_slots) if self.grows else None
         if self.target is not None:
             self.runner.allocate(num_slots, max_len)
 
@@ -152,9 +154,8 @@ class FeatureDrafter(Drafter):
         """Feed the prompts (the target has prefilled them, so their features are known) except their last
         token; rows with the same prompt (a GRPO group) share one feed and copy its KV."""
         self.runner.set_lengths(slots, torch.zeros_like(slots))
-        if self.grows:
-            self._vocab_seen[slots] = 0
-            grow_vocab(self.vocab, self._vocab_seen, state, slots)
+        if self._growth is not None:
+            self._growth.admit(state, slots)
         started = clock.now()
         fed = prefill_prompts(state, slots, self.runner,
                               lambda _, rows, lengths: self._feed(state, rows, lengths, "none"))
@@ -169,6 +170,8 @@ class FeatureDrafter(Drafter):
                ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """k draft steps for `slots` (fewer where the request's `stop` ends them): tokens [R, j], probs [R, j, V]
         or None, confidence [R, j] or None."""
+        if self._growth is not None:
+            self._growth.before_drafting(state)
         self.runner.head = self.head.module()
         committed = state.lengths[slots]
         # a row drafted again before anything was committed re-feeds its newest position (same result)
@@ -214,8 +217,12 @@ class FeatureDrafter(Drafter):
         return (state.lengths[slots] - self.runner.lengths[slots]).clamp_min(0)
 
     def observe_commit(self, state: SequenceState, slots: torch.Tensor) -> None:
-        if self.grows:  # the tokens the target committed since the last round join the vocabulary
-            grow_vocab(self.vocab, self._vocab_seen, state, slots)
+        if self._growth is not None:  # they join the vocabulary before it next drafts
+            self._growth.committed(slots)
+
+    def finish_rows(self, state: SequenceState, slots: torch.Tensor) -> None:
+        if self._growth is not None:
+            self._growth.finish(state, slots)
 
     # ------------------------------------------------------------------ weights
     def trainable_model(self) -> torch.nn.Module | None:

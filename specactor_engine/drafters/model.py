@@ -25,7 +25,7 @@ import torch
 
 from specactor_engine import clock
 from specactor_engine.drafters.base import DraftRequest, Drafter, DrafterContext, register_drafter
-from specactor_engine.drafters.draft_head import DraftHead, grow_vocab, growing_vocab, propose_rows
+from specactor_engine.drafters.draft_head import DraftHead, VocabGrowth, growing_vocab, propose_rows
 from specactor_engine.model.draft_vocab import GrowingVocab, SubsetHead
 from specactor_engine.model.quantize import int8_supported
 from specactor_engine.model.runner import ModelRunner, load_hf_model
@@ -168,7 +168,7 @@ class ModelDrafter(Drafter):
         self._fed = torch.zeros(num_slots, 0, dtype=torch.long)  # drafts fed into the KV, per slot
         self._fed_base = torch.zeros(num_slots, dtype=torch.long)  # state length when they were fed
         self._fed_count = torch.zeros(num_slots, dtype=torch.long)
-        self._vocab_seen = torch.zeros(num_slots, dtype=torch.long)  # tokens of each slot already in the vocabulary
+        self._growth = VocabGrowth(self.vocab, num_slots) if self.grows else None
         # per slot admitted without its prefill: the slot admitted with it whose prompt it shares (itself if none
         # earlier), so that the estimate of its catch-up counts a GRPO group's prompt once; and the admission
         # (`add_rows` call) each slot's row came in, so a leader's slot taken by a later row is not counted
@@ -187,9 +187,8 @@ class ModelDrafter(Drafter):
         self._admissions += 1
         self._admitted_in[slots] = self._admissions
         self._prompt_leader[slots] = slots
-        if self.grows:
-            self._vocab_seen[slots] = 0
-            grow_vocab(self.vocab, self._vocab_seen, state, slots)
+        if self._growth is not None:
+            self._growth.admit(state, slots)
         if prefill:
             started = clock.now()
             fed = prefill_prompts(state, slots, self.runner, self._prefill)
@@ -209,6 +208,8 @@ class ModelDrafter(Drafter):
                ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """k autoregressive draft steps for `slots` (fewer where the request's `stop` ends them): tokens [R, j],
         probs [R, j, V] or None, confidence [R, j] or None."""
+        if self._growth is not None:
+            self._growth.before_drafting(state)
         self._refresh_head()
         self._catch_up(state, slots, k)
         start = self.runner.lengths[slots].clone()
@@ -276,8 +277,8 @@ class ModelDrafter(Drafter):
 
     def observe_commit(self, state: SequenceState, slots: torch.Tensor) -> None:
         """Keep the fed drafts that became committed tokens; roll the rest back."""
-        if self.grows:  # the tokens the target committed since the last round join the vocabulary
-            grow_vocab(self.vocab, self._vocab_seen, state, slots)
+        if self._growth is not None:  # they join the vocabulary before it next drafts
+            self._growth.committed(slots)
         slots = slots[self._fed_count[slots] > 0]
         if len(slots) == 0:
             return
@@ -290,6 +291,10 @@ class ModelDrafter(Drafter):
         kept = match.long().cumprod(dim=1).sum(dim=1)
         self.runner.set_lengths(slots, base + kept)
         self._fed_count[slots] = 0
+
+    def finish_rows(self, state: SequenceState, slots: torch.Tensor) -> None:
+        if self._growth is not None:
+            self._growth.finish(state, slots)
 
     def trainable_model(self) -> torch.nn.Module:
         """The draft LM (distilled on each policy sync, saved beside each checkpoint): the float weights."""

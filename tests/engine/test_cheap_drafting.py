@@ -15,7 +15,7 @@ import torch
 from specactor_engine import clock
 from specactor_engine.drafters import DraftRequest, DrafterContext
 from specactor_engine.counter_hash import token_hash_of
-from specactor_engine.drafters.draft_head import DraftHead, float_linear
+from specactor_engine.drafters.draft_head import DraftHead, VocabGrowth, float_linear
 from specactor_engine.drafters.model import ModelDrafter
 from specactor_engine.engine import Engine
 from specactor_engine.model.draft_vocab import GrowingVocab, lowest_ids_vocab
@@ -178,6 +178,40 @@ def test_growing_vocab_keeps_insertion_order_and_counts_changes():
     assert vocab.ids.tolist() == [0, 1, 2, 3, 99, 7] and vocab.version == 1
     vocab.add(torch.tensor([1, 2]))
     assert vocab.version == 1  # nothing new: a head built over it stays valid
+
+
+def test_committed_tokens_join_the_vocabulary_before_drafting_and_when_a_row_finishes():
+    """VocabGrowth defers a round's committed tokens to the next draft (or the row's end): the vocabulary a draft
+    sees holds every token committed so far, and a finished row's last tokens are taken in before its slot holds
+    another row's prompt."""
+    vocab = GrowingVocab(lowest_ids_vocab(4, 100, always=[]), 100)
+    state = SequenceState.allocate(3, 16)
+    growth = VocabGrowth(vocab, 3)
+
+    def admit(slot: int, prompt: list[int]) -> None:
+        state.lengths[slot] = 0
+        state.append(torch.tensor([slot]), torch.tensor([prompt]), torch.tensor([len(prompt)]))
+        state.prompt_lengths[slot] = len(prompt)
+        growth.admit(state, torch.tensor([slot]))
+
+    admit(0, [10, 11])
+    admit(1, [12])
+    assert vocab.ids.tolist() == [0, 1, 2, 3, 10, 11, 12]
+    rows = torch.tensor([0, 1])
+    state.append(rows, torch.tensor([[20, 21], [22, 0]]), torch.tensor([2, 1]))
+    growth.committed(rows)
+    assert not bool(vocab.member[[20, 21, 22]].any())  # deferred: nothing gathered after the round
+    state.append(rows, torch.tensor([[23, 0], [24, 0]]), torch.tensor([1, 1]))
+    growth.committed(rows)
+    growth.before_drafting(state)  # both rounds' tokens of both rows, once
+    assert vocab.ids.tolist()[7:] == [20, 21, 22, 23, 24]
+    state.append(rows, torch.tensor([[30, 0], [31, 0]]), torch.tensor([1, 1]))
+    growth.committed(rows)
+    growth.finish(state, torch.tensor([1]))  # row 1 ends: its last token joins; row 0's waits for the next draft
+    assert bool(vocab.member[31]) and not bool(vocab.member[30])
+    admit(1, [40])  # the slot's next row: its prompt, and nothing of the old row twice
+    growth.before_drafting(state)
+    assert vocab.ids.tolist()[7:] == [20, 21, 22, 23, 24, 31, 40, 30]
 
 
 def test_int8_needs_a_float32_drafter():
