@@ -57,12 +57,14 @@ def run_once(spec: RunSpec) -> dict[str, Any]:
     busy_before, own_before = busy_cpu_s(), time.process_time() + system.external_cpu_s()
     gc_timer = GcTimer()  # the interpreter's garbage collections during the timed run: part of its makespan
     gc.callbacks.append(gc_timer)
+    faults_before = _page_faults()
     start = clock.start()
     try:
         generation = system.generate(requests, sampling, clock)
     finally:
         makespan_s = time.perf_counter() - start
         gc.callbacks.remove(gc_timer)
+        faults = [after - before for after, before in zip(_page_faults(), faults_before)]
     contention = _cpu_shares(busy_before, own_before, makespan_s, spec.threads, system.external_cpu_s())
     if profiler is not None:
         profiler.disable()
@@ -77,7 +79,15 @@ def run_once(spec: RunSpec) -> dict[str, Any]:
         "mem_read_gbps": (bandwidth_start + bandwidth_end) / 2,
         "mem_read_gbps_start_end": [bandwidth_start, bandwidth_end],
         "gc_s": gc_timer.seconds, "gc_collections": {str(g): n for g, n in sorted(gc_timer.collections.items())},
+        "minor_faults": faults[0], "major_faults": faults[1],
     }
+
+
+def _page_faults() -> tuple[int, int]:
+    """This process's (minor, major) page faults so far: first touches of fresh memory (a KV cache, new buffers)
+    during the timed run are part of its makespan, and paired runs showed them differing by system (session 54)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_minflt, usage.ru_majflt
 
 
 def _timed(fn: Callable[..., T], *args: Any) -> tuple[T, float]:

@@ -75,6 +75,8 @@ def test_results_have_every_figure(bench_results):
     # each run records the garbage collections of its timed rollout, by generation
     run = json.loads((out / "runs" / "specactor-0.json").read_text())
     assert 0.0 <= run["gc_s"] < run["makespan_s"] and {int(g) for g in run["gc_collections"]} <= {0, 1, 2}
+    # and its page faults (a rollout touches fresh memory: at least its KV cache's pages)
+    assert run["minor_faults"] > 0 and run["major_faults"] >= 0
 
 
 def test_report_only_rebuilds_the_results_from_the_runs(bench_results, tmp_path):
