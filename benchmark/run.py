@@ -37,7 +37,7 @@ logger = logging.getLogger(__name__)
 REFERENCE_SYSTEM = "ar"
 PER_RUN_FIGURES = ("makespan_s", "tokens_per_s", "output_tokens", "tail_s", "tail_share", "mean_accept_len",
                    "acceptance_rate", "peak_rss_mb", "load_s", "warmup_s", "prepare_s", "loadavg_1m_start", "cpu_share",
-                   "others_cpu_share", "mem_read_gbps")
+                   "others_cpu_share", "mem_read_gbps", "gc_s", "minor_faults", "major_faults")
 PAIRED_FIGURES = ("systems", "turns", "external_cpu_s", "gc_s", "page_faults")
 MAX_LISTED_MISMATCHES = 50
 

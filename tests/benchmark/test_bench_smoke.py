@@ -77,6 +77,9 @@ def test_results_have_every_figure(bench_results):
     assert 0.0 <= run["gc_s"] < run["makespan_s"] and {int(g) for g in run["gc_collections"]} <= {0, 1, 2}
     # and its page faults (a rollout touches fresh memory: at least its KV cache's pages)
     assert run["minor_faults"] > 0 and run["major_faults"] >= 0
+    # both reach results.json (the per-run files are not committed with a benchmark's results)
+    entry = results["systems"]["specactor"]
+    assert entry["minor_faults"] == [run["minor_faults"]] and entry["gc_s"] == [run["gc_s"]]
 
 
 def test_report_only_rebuilds_the_results_from_the_runs(bench_results, tmp_path):
