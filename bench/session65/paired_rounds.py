@@ -7,7 +7,8 @@ HISTORY.json: a benchmark run's `runs/history.json` for trace C at the same max 
 history drafters know). Both engines are built, warmed up and prepared as the benchmark's workers do them; then their
 rollouts advance together, one round of `ar`, one of `specactor` (`swap`: `specactor` first), so the machine's drift
 reaches both alike. Prints
-each engine's verify-forward seconds and the per-round ratio; their outputs are checked identical.
+each engine's verify-forward seconds and the per-round ratio; their outputs are checked identical. Unlike
+`Run.decode` the loop does not trim the heap every 32 rounds (model/heap.py): both engines alike.
 """
 import json, statistics, sys
 from collections import deque, Counter
