@@ -29,7 +29,7 @@ from specactor_engine.modes import MODES
 from specactor_engine.policies.cost_profile import load_or_measure
 from specactor_engine.policies.verify_length import AcceptanceStats, CostProfile, CostTable, VerifyLengthPolicy
 from specactor_engine.policies.draft_trim import ConfidenceCalibration
-from specactor_engine.run import Run, SampleRecord, trim_rows
+from specactor_engine.run import Run, SampleRecord, scratch_slots, trim_rows
 from specactor_engine.sampling import sequence_key
 from specactor_engine.tokenize import encode_request, eos_token_ids
 from specactor_engine.types import EngineStats, Request, RolloutResult, SequenceOutput
@@ -324,8 +324,8 @@ class Engine:
         num_slots = max(1, min(self.max_batch_size, len(sequences)))
         longest = max((len(s.prompt_ids) for s in sequences), default=1) + sampling.max_new_tokens
         max_len = min(self.max_model_len, longest) + self.num_draft_tokens + 1
-        # scratch slots after the real ones (target cache only) hold the combination candidates
-        self.runner.allocate(num_slots + min(self.combine_below, num_slots), max_len)
+        # slots after the real ones (target cache only) hold the combination candidates where free ones cannot
+        self.runner.allocate(num_slots + scratch_slots(num_slots, self.combine_below), max_len)
         for drafter in self.drafters:
             drafter.allocate(num_slots, max_len)
         return num_slots, max_len

@@ -72,6 +72,18 @@ def trim_rows(engine: EngineView) -> int:
     return TRIM_MAX_ROWS if engine.trim_calibration is not None and packed else 0
 
 
+def scratch_slots(num_slots: int, combine_below: int) -> int:
+    """Target-cache slots past the real ones that hold combination's candidates (verifier.py): none where the real
+    slots left free always suffice. Combination runs in rounds of at most `combine_below` rows, and a batch with a
+    free slot has nothing waiting (`decode` admits while both are there), so such a round has at least
+    num_slots - combine_below free slots: one per row from num_slots >= 2 * combine_below on. Below that, up to
+    `combine_below` slots are allocated after the real ones (trace D's 4 rows: 4). Trace C's 128 rows took 8 more
+    slots for it, 6% of a 4 GB cache, and `ar`, with the smaller cache, ran ~2% faster than `specactor`'s identical
+    plain rounds in every repeat; `ar` given the same cache was not faster in 5 of 6, and without the 8 slots the two
+    are level (bench/session66)."""
+    return 0 if num_slots >= 2 * combine_below else min(combine_below, num_slots)
+
+
 @dataclass
 class SampleRecord:
     """Bookkeeping of one sample while it is decoded."""
@@ -142,8 +154,9 @@ class Run:
         rejection = engine.acceptance_rule == "rejection" and not self.params.greedy
         self.coordinator = engine.coordinator
         selector = self._selector()
-        # combination: target-cache slots past the real ones, one per candidate (verifier.py)
-        self.scratch = torch.arange(num_slots, num_slots + min(engine.combine_below, num_slots))
+        # combination: target-cache slots past the real ones, one per candidate (verifier.py); none where free real
+        # slots hold the candidates (`scratch_slots`, `_scratch`)
+        self.dedicated_scratch = torch.arange(num_slots, num_slots + scratch_slots(num_slots, engine.combine_below))
         # consecutive rounds at k = 0 with speculation far from paying (`_shadows_due`): while there are any, the
         # verify length and methods are re-chosen only every few rounds (policies/shadow.py `choice_due`)
         self.plain_rounds = 0
@@ -151,7 +164,7 @@ class Run:
                                  self._shadow_book(rejection), engine.shadow_rows, rejection, engine.vocab_size,
                                  self._output_of)
         self.verifier = Verifier(self.runner, self.state, self.params, stats, rejection, engine.vocab_size,
-                                 self.scratch, selector, pack=engine.packed_verify and self.runner.device.type == "cpu")
+                                 self.dedicated_scratch, selector, pack=engine.packed_verify and self.runner.device.type == "cpu")
         self.trim_rows = trim_rows(engine)
         self.proposer.confidence = self.trim_rows > 0
         if self.coordinator is not None:
@@ -300,9 +313,10 @@ class Run:
                                        and self._shadows_due(plan),
                                        chosen=plan.methods, draft_stop=self._draft_stop(plan))
         self._trim(plan, drafts)
-        if len(self.scratch) and len(slots) <= self.engine.combine_below and drafts.chosen is not None \
-                and self._combination_pays(plan):
-            self.proposer.add_candidates(slots, drafts, max_rows=len(self.scratch), free_only=plan.policy is not None)
+        scratch = self._scratch() if len(slots) <= self.engine.combine_below else self.dedicated_scratch[:0]
+        if len(scratch) and drafts.chosen is not None and self._combination_pays(plan, len(scratch)):
+            self.verifier.scratch = scratch
+            self.proposer.add_candidates(slots, drafts, max_rows=len(scratch), free_only=plan.policy is not None)
         self.stats.draft_s += drafts.draft_s + drafts.shadow_s + drafts.candidate_s
         verify_started = clock.now()
         verified = self.verifier.verify(slots, drafts)  # logits [R, k+1, V]; winning candidates swapped in
@@ -441,7 +455,15 @@ class Run:
         margin = plan.policy.speculation_margin if plan.policy is not None else 1.0
         return shadows_due(plan.cap, margin, self.plain_rounds)
 
-    def _combination_pays(self, plan: RoundPlan) -> bool:
+    def _scratch(self) -> torch.Tensor:
+        """This round's slots for combination candidates: the dedicated ones after the real slots where the engine
+        allocated them (`scratch_slots`), else up to `combine_below` of the free real slots (their rows finished;
+        admission resets a slot's KV length before it takes a row)."""
+        if len(self.dedicated_scratch):
+            return self.dedicated_scratch
+        return torch.tensor(self.free[: self.engine.combine_below], dtype=torch.long)
+
+    def _combination_pays(self, plan: RoundPlan, scratch: int) -> bool:
         """Combination verifies up to one candidate row per row in the same forward: nearly free while the
         forward is memory-bound, not where extra rows cost real time (trace D on a 2-core AVX2 CPU: 8 rows of
         width 3 took 0.87 s against 0.65 s for 4, for a few tokens more). Under a dynamic verify length it
@@ -451,7 +473,7 @@ class Run:
         if policy is None:
             return True
         rows = len(plan.slots)
-        return policy.combination_pays(rows, min(len(self.scratch), rows), plan.cap, plan.context, plan.arm or "",
+        return policy.combination_pays(rows, min(scratch, rows), plan.cap, plan.context, plan.arm or "",
                                        plan.methods, COMBINE_MAX_EXTRA)
 
     def _choose_arm(self, slots: torch.Tensor, caps: torch.Tensor, context: int) -> str | None:

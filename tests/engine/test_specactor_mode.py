@@ -17,7 +17,8 @@ from tests.fixtures.tiny_models import make_tokenizer
 def specactor_engine(target, drafters, coordinator=None, cost_table=None, verifier_threads=None,
                      **fields) -> Engine:  # noqa: F811
     """fields: RolloutConfig fields (and `dynamic_decoupling`) over the tests' defaults."""
-    config = rollout("specactor", workers=coordinator is not None, num_draft_tokens=K, max_batch_size=16, **fields)
+    fields.setdefault("max_batch_size", 16)
+    config = rollout("specactor", workers=coordinator is not None, num_draft_tokens=K, **fields)
     workers = DrafterWorkers(coordinator, verifier_threads) if coordinator is not None else None
     return Engine(target, make_tokenizer(), config, max_model_len=MAX_LEN, drafters=drafters, workers=workers,
                   cost_table=cost_table, check_invariants=True)
@@ -175,6 +176,27 @@ def test_combined_candidates_are_exact_and_the_longer_path_wins(target, temperat
     plain = specactor_engine(target, drafters).generate(ragged_requests(6), params)
     assert token_ids(plain) == reference and plain.stats.candidate_rows == 0
     assert stats.mean_acceptance_length > plain.stats.mean_acceptance_length
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_combination_on_large_batches_uses_free_slots_and_stays_exact(target, temperature):  # noqa: F811
+    """With at least twice `combine_below` slots the candidates go to slots whose rows finished (`scratch_slots`):
+    the cache has no slots past the real ones, the rounds of the last 4 rows (admitted when the first 8 finished)
+    still take candidates, and the copies back leave every later round exact."""
+    from specactor_engine.run import scratch_slots
+
+    assert [scratch_slots(n, 4) for n in (1, 4, 7, 8, 128)] == [1, 4, 4, 0, 0]
+    assert scratch_slots(12, 0) == 0
+    params = sampling(temperature, n=2, max_new_tokens=30, ignore_eos=True)
+    reference = token_ids(run(target, ragged_requests(6), params))
+    drafters = [make_drafter(kind, target, torch.float64) for kind in ("model", "self")]
+    engine = specactor_engine(target, drafters, combine_below=4, max_batch_size=8)
+    result = engine.generate(ragged_requests(6), params)
+    assert token_ids(result) == reference
+    assert engine.runner.cache.num_slots == 8  # 8 rows at a time of 6 requests x 2 samples, nothing after them
+    assert result.stats.candidate_rows > 0 and result.stats.candidate_wins > 0, result.stats
+    rows_when_combined = [entry["rows"] for entry in result.stats.timeline if entry.get("candidates")]
+    assert rows_when_combined and max(rows_when_combined) <= 4
 
 
 def test_combination_needs_position_keyed_acceptance_and_several_drafters(target):  # noqa: F811
