@@ -164,7 +164,8 @@ class Run:
                                  self._shadow_book(rejection), engine.shadow_rows, rejection, engine.vocab_size,
                                  self._output_of)
         self.verifier = Verifier(self.runner, self.state, self.params, stats, rejection, engine.vocab_size,
-                                 self.dedicated_scratch, selector, pack=engine.packed_verify and self.runner.device.type == "cpu")
+                                 self.dedicated_scratch, selector,
+                                 pack=engine.packed_verify and self.runner.device.type == "cpu")
         self.trim_rows = trim_rows(engine)
         self.proposer.confidence = self.trim_rows > 0
         if self.coordinator is not None:

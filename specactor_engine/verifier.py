@@ -44,7 +44,8 @@ class Verifier:
                  rejection: bool, vocab_size: int, scratch: torch.Tensor, selector: FastestOfNSelector | None,
                  pack: bool = False) -> None:
         """rejection: classic min(1, p/q) acceptance (else position-keyed); scratch [S]: target-cache slots
-        past the real ones, one per combination candidate; pack: run a ragged block's real tokens only
+        for combination's candidates, one each (past the real ones, or free real slots: the run sets them each
+        round it combines, `Run._scratch`); pack: run a ragged block's real tokens only
         (`_packed_forward`), where padding costs compute (a CPU)."""
         self.runner = runner
         self.state = state
