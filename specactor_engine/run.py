@@ -80,7 +80,7 @@ def scratch_slots(num_slots: int, combine_below: int) -> int:
     `combine_below` slots are allocated after the real ones (trace D's 4 rows: 4). Trace C's 128 rows took 8 more
     slots for it, 6% of a 4 GB cache, and `ar`, with the smaller cache, ran ~2% faster than `specactor`'s identical
     plain rounds in every repeat; `ar` given the same cache was not faster in 5 of 6, and without the 8 slots
-    `specactor` was at or above `ar` in 4 of 9 (bench/session66)."""
+    `specactor` was at or above `ar` in 5 of 12 (bench/session66)."""
     return 0 if num_slots >= 2 * combine_below else min(combine_below, num_slots)
 
 
