@@ -323,9 +323,13 @@ class Engine:
         """Allocate target and drafter caches for this call: (slots, tokens per slot)."""
         num_slots = max(1, min(self.max_batch_size, len(sequences)))
         longest = max((len(s.prompt_ids) for s in sequences), default=1) + sampling.max_new_tokens
-        max_len = min(self.max_model_len, longest) + self.num_draft_tokens + 1
+        # the target's cache is `ar`'s size: a row's real tokens (drafts included, `Run._draft_caps`) end by
+        # position longest - 2, and pads of padded verify rows near their budget go to its last position, longest
+        # (`ModelRunner._clamp_pads`). Drafters' caches and the token state keep the draft headroom.
+        target_len = min(self.max_model_len, longest) + 1
+        max_len = target_len + self.num_draft_tokens
         # slots after the real ones (target cache only) hold the combination candidates where free ones cannot
-        self.runner.allocate(num_slots + scratch_slots(num_slots, self.combine_below), max_len)
+        self.runner.allocate(num_slots + scratch_slots(num_slots, self.combine_below), target_len)
         for drafter in self.drafters:
             drafter.allocate(num_slots, max_len)
         return num_slots, max_len

@@ -300,6 +300,24 @@ class ModelRunner:
         gate, up = proj.gate_up.split(proj.gate_up(x))
         return proj.down(proj.act(gate) * up)
 
+    def _clamp_pads(self, positions: torch.Tensor, num_tokens: torch.Tensor | None) -> torch.Tensor:
+        """positions [R, T] with the pads that would fall past the cache moved onto its last position.
+
+        A padded verify block is as wide as its widest row, so a row near its budget pads past its own last
+        position; the target's cache has no room for that (Engine._reserve sizes it for real tokens, whose last
+        position is never the cache's last). Pads there write garbage that no real query reads.
+        """
+        last = self.cache.max_len - 1
+        if num_tokens is None or int(positions[:, -1].max()) <= last:
+            return positions
+        pad = torch.arange(positions.shape[1])[None, :] >= num_tokens[:, None]  # [R, T]
+        moved = pad & (positions > last)
+        real_last = torch.where(pad, -1, positions).amax(dim=1)  # [R] each row's last real position
+        if bool((moved.any(dim=1) & (real_last >= last)).any()):
+            raise RuntimeError(f"KV cache overflow: a row's real tokens reach position {last}, where its pads "
+                               f"past the cache ({self.cache.max_len} positions) would be written")
+        return torch.where(moved, last, positions)
+
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, slots: torch.Tensor, num_tokens: torch.Tensor | None = None,
                 logits_at: str = "all", embeds: torch.Tensor | None = None,
@@ -325,6 +343,7 @@ class ModelRunner:
         positions = start[:, None] + torch.arange(T)[None, :]  # [R, T]
         if offsets is not None:
             positions = positions + offsets[:, None]
+        positions = self._clamp_pads(positions, num_tokens)
         if int(positions.max()) >= self.cache.max_len:
             raise RuntimeError(f"KV cache overflow: position {int(positions.max())} >= {self.cache.max_len}")
         inner = self.model.model

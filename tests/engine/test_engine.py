@@ -188,6 +188,33 @@ def test_kv_rollback_is_a_length_change_without_copy(target):
     assert torch.allclose(redo, full, atol=1e-6)
 
 
+def test_pads_past_the_cache_go_to_its_last_position(target):
+    """A padded block whose short row would pad past the cache (the target's cache has no draft headroom) writes
+    those pads at its last position: the real tokens' logits and the KV they leave are those of a larger cache; a
+    row whose real tokens reach that position is refused rather than overwritten."""
+    slots, prompt = torch.tensor([0, 1]), torch.tensor([[1, 2, 3, 0, 0], [5, 6, 7, 8, 9]])
+    block, widths = torch.tensor([[9, 8, 7, 6], [4, 3, 2, 1]]), torch.tensor([4, 2])
+    outputs = []
+    for max_len in (8, 16):  # row 1 writes positions 5, 6 and pads 7, 8: past a cache of 8
+        runner = ModelRunner(target, num_slots=2, max_len=max_len)
+        runner.forward(prompt, slots, torch.tensor([3, 5]), logits_at="none")
+        runner.commit(slots, torch.tensor([3, 5]))
+        logits = runner.forward(block, slots, widths)
+        runner.commit(slots, widths)
+        outputs.append((logits, runner.forward(torch.tensor([[3], [3]]), slots)))
+    (tight, tight_after), (roomy, roomy_after) = outputs
+    real = torch.arange(4)[None, :] < widths[:, None]
+    torch.testing.assert_close(tight[real], roomy[real], rtol=0, atol=0)
+    torch.testing.assert_close(tight_after, roomy_after, rtol=0, atol=0)
+    runner = ModelRunner(target, num_slots=1, max_len=8)
+    runner.forward(prompt[1:, :], slots[:1], logits_at="none")
+    runner.commit(slots[:1], torch.tensor([5]))
+    runner.forward(torch.tensor([[6]]), slots[:1])
+    runner.commit(slots[:1], torch.tensor([1]))
+    with pytest.raises(RuntimeError, match="real tokens reach position 7"):  # real 6, 7; pads 8, 9
+        runner.forward(block[1:], slots[:1], torch.tensor([2]))
+
+
 def _last_logits(model: torch.nn.Module, tokens: list[int]) -> torch.Tensor:
     """The next-token logits after `tokens` from one plain forward (no KV cache): [V]."""
     with torch.no_grad():

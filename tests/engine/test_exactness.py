@@ -8,6 +8,7 @@ round (Engine(check_invariants=True)).
 
 from __future__ import annotations
 
+import copy
 from types import SimpleNamespace
 
 import pytest
@@ -262,3 +263,47 @@ def test_a_resumed_rollout_decodes_the_skipped_samples_away_and_the_rest_exactly
     for output in handed:
         expected = whole[(output.request_id, output.sample_index)]
         assert output.token_ids == expected.token_ids and output.logprobs == expected.logprobs
+
+
+def near_drafter(target, noise: float = 0.01) -> ModelDrafter:
+    """A draft model that is the target with its weights perturbed: it accepts about half of its drafts, so rows
+    run apart (a row can be near its budget while another drafts deep)."""
+    draft = copy.deepcopy(target)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for weight in draft.parameters():
+            weight.add_(torch.randn(weight.shape, generator=gen, dtype=weight.dtype) * noise)
+    tokenizer = make_tokenizer()
+    context = DrafterContext("cpu", str(target.dtype).removeprefix("torch."), tokenizer, target.config.vocab_size)
+    return ModelDrafter(SimpleNamespace(name="near"), context, model=draft, tokenizer=tokenizer)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_padded_verify_rows_near_their_budget_fit_the_plain_decoding_cache(fp64_target, temperature):
+    """The target's cache is `ar`'s size (no draft headroom): in padded verify rounds (packing off) rows near their
+    budget pad past it, and those pads go to its last position, which no real token reaches. Output equals plain
+    decoding token for token."""
+    # prompts of one length: every row's budget ends at the cache's end, and rows reach it in different rounds
+    requests = [Request(request_id=r.request_id, prompt_token_ids=(r.prompt_token_ids * 3)[:12])
+                for r in ragged_requests(8, seed=5)]
+    params = sampling(temperature, n=2, seed=3, max_new_tokens=21, ignore_eos=True)
+    plain_engine = Engine(fp64_target, make_tokenizer(), rollout("ar", max_batch_size=16), max_model_len=MAX_LEN,
+                          check_invariants=True)
+    reference = token_ids(plain_engine.generate(requests, params))
+    config = rollout("coupled", num_draft_tokens=4, max_batch_size=16, packed_verify=False)
+    engine = Engine(fp64_target, make_tokenizer(), config, max_model_len=MAX_LEN,
+                    drafters=[near_drafter(fp64_target)], check_invariants=True)
+    moved = []
+    clamp = engine.runner._clamp_pads
+
+    def counting(positions, num_tokens):
+        out = clamp(positions, num_tokens)
+        moved.append(int((out != positions).sum()))
+        return out
+
+    engine.runner._clamp_pads = counting
+    result = engine.generate(requests, params)
+    assert token_ids(result) == reference
+    assert engine.runner.cache.max_len == plain_engine.runner.cache.max_len
+    assert sum(moved) > 0  # some rounds padded past the cache
+    assert result.stats.drafted_tokens > result.stats.accepted_tokens > 0
