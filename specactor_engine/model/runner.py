@@ -301,19 +301,21 @@ class ModelRunner:
         return proj.down(proj.act(gate) * up)
 
     def _clamp_pads(self, positions: torch.Tensor, num_tokens: torch.Tensor | None) -> torch.Tensor:
-        """positions [R, T] with the pads that would fall past the cache moved onto its last position.
+        """positions [R, T], some past the cache: those that are pads moved onto its last position.
 
         A padded verify block is as wide as its widest row, so a row near its budget pads past its own last
         position; the target's cache has no room for that (Engine._reserve sizes it for real tokens, whose last
-        position is never the cache's last). Pads there write garbage that no real query reads.
+        position is never the cache's last). Pads there write garbage that no real query reads. A real token past
+        the cache, or one at its last position in a row whose pads would land there, is an overflow.
         """
         last = self.cache.max_len - 1
-        if num_tokens is None or int(positions[:, -1].max()) <= last:
-            return positions
-        pad = torch.arange(positions.shape[1])[None, :] >= num_tokens[:, None]  # [R, T]
-        moved = pad & (positions > last)
+        pad = torch.zeros_like(positions, dtype=torch.bool) if num_tokens is None else \
+            torch.arange(positions.shape[1])[None, :] >= num_tokens[:, None]  # [R, T]
         real_last = torch.where(pad, -1, positions).amax(dim=1)  # [R] each row's last real position
-        if bool((moved.any(dim=1) & (real_last >= last)).any()):
+        if int(real_last.max()) > last:
+            raise RuntimeError(f"KV cache overflow: position {int(real_last.max())} >= {self.cache.max_len}")
+        moved = pad & (positions > last)
+        if bool((moved.any(dim=1) & (real_last == last)).any()):
             raise RuntimeError(f"KV cache overflow: a row's real tokens reach position {last}, where its pads "
                                f"past the cache ({self.cache.max_len} positions) would be written")
         return torch.where(moved, last, positions)
@@ -343,9 +345,8 @@ class ModelRunner:
         positions = start[:, None] + torch.arange(T)[None, :]  # [R, T]
         if offsets is not None:
             positions = positions + offsets[:, None]
-        positions = self._clamp_pads(positions, num_tokens)
-        if int(positions.max()) >= self.cache.max_len:
-            raise RuntimeError(f"KV cache overflow: position {int(positions.max())} >= {self.cache.max_len}")
+        if int(positions.max()) >= self.cache.max_len:  # pads past the cache go to its last position; else overflow
+            positions = self._clamp_pads(positions, num_tokens)
         inner = self.model.model
         h = inner.embed_tokens(input_ids.to(self.device)) if embeds is None else embeds.to(self.device, self.dtype)
         rope = inner.rotary_emb(h, positions.to(self.device))
