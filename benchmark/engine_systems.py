@@ -67,6 +67,7 @@ class EngineVariant:
     cpu_kernels: bool = True
     trimming: bool | None = None  # rollout.draft_trimming (policies/draft_trim.py); None: the config's default (on)
     float_feature: bool = False  # the feature drafter drafts in the target's dtype even where int8 runs
+    arbitration: bool | None = None  # rollout.draft_arbitration (policies/arbitration.py); None: the config's default
 
     @property
     def needs_reference(self) -> bool:
@@ -113,6 +114,10 @@ ENGINE_VARIANTS: tuple[EngineVariant, ...] = (
     EngineVariant("specactor-untrimmed", "specactor", "`specactor` without draft trimming "
                   "(rollout.draft_trimming=false: every drafted position is verified).",
                   ("model", "feature", "suffix", "ngram"), "dynamic", workers=True, trimming=False),
+    EngineVariant("specactor-unarbitrated", "specactor", "`specactor` without draft arbitration "
+                  "(rollout.draft_arbitration=false: a row a draft model drafted verifies that draft, never a suffix "
+                  "draft expected to emit more).",
+                  ("model", "feature", "suffix", "ngram"), "dynamic", workers=True, arbitration=False),
     EngineVariant("oracle", "coupled", "Coupled mode fed the target's own final outputs: the ceiling at this verify "
                   "length.", ("oracle",)),
     EngineVariant("oracle-dynamic", "coupled", "The oracle with the cost-model verify length: no drafter can beat "
@@ -134,7 +139,9 @@ def engine_config(variant: EngineVariant, spec: RunSpec) -> SpecActorConfig:
                               and (source != "feature" or spec.feature_drafter is not None)]
     rollout = RolloutConfig(mode=variant.mode, num_draft_tokens=spec.num_draft_tokens,
                             verify_length=variant.verify_length, max_batch_size=spec.max_batch_size or ALL_AT_ONCE,
-                            **({} if variant.trimming is None else {"draft_trimming": variant.trimming}), **fields)
+                            **({} if variant.trimming is None else {"draft_trimming": variant.trimming}),
+                            **({} if variant.arbitration is None else {"draft_arbitration": variant.arbitration}),
+                            **fields)
     if spec.replicas > 1:  # the run's threads shared among the replicas, no drafter worker beside a 1-thread engine
         rollout = rollout.model_copy(update={"replicas": spec.replicas, "decoupled": DecoupledConfig(),
                                              "replica_threads": max(1, spec.threads // spec.replicas)})

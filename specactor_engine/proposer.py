@@ -12,12 +12,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
+import numpy as np
 import torch
 
 from specactor_engine import clock
 from specactor_engine.decoupled.coordinator import DecoupledCoordinator
 from specactor_engine.decoupled.sync import WorkerDrafterSync
 from specactor_engine.drafters import DraftRequest, Drafter
+from specactor_engine.policies.arbitration import better_offers, expected_tokens
+from specactor_engine.policies.draft_trim import ConfidenceCalibration
 from specactor_engine.policies.selector import FastestOfNSelector
 from specactor_engine.policies.shadow import ShadowBook, ShadowDraft
 from specactor_engine.policies.verify_length import VerifyLengthPolicy
@@ -48,6 +51,9 @@ class RoundDrafts:
     chosen: list[str] | None = None  # [R] Fastest-of-N's method per row; None: cascade, or the workers alone
     fallback: torch.Tensor | None = None  # [R] bool: drafted by another method after the chosen one gave none
     deferred: torch.Tensor | None = None  # [R] bool: acceptance scored later from a shadow, not this verify
+    swapped: torch.Tensor | None = None  # [R] bool: verifies a model-free draft in place of its model's (arbitration)
+    # arbitration's drafts not verified: (row, method, tokens [n], confidence [n]), scored against what the row emits
+    unverified: list[tuple[int, str, torch.Tensor, torch.Tensor]] = field(default_factory=list)
     candidates: Candidates | None = None  # combination's second drafts, if this round verifies any
     draft_s: float = 0.0  # seconds proposing the verified drafts (the critical path's drafting)
     shadow_s: float = 0.0  # seconds drafting idle rows for statistics only
@@ -92,6 +98,8 @@ class Proposer:
                  output_of: Callable[[int], tuple[list[int], int, bool]]) -> None:
         """output_of(slot): the row's (output ids, sequence key, finished), for shadow drafts."""
         self.confidence = False  # ask model drafters for their confidence (draft trimming: run.py sets it)
+        # draft arbitration's acceptance map (policies/arbitration.py; run.py sets it): None, no arbitration
+        self.arbiter: ConfidenceCalibration | None = None
         self.state = state
         self.params = params
         self.stats = stats
@@ -175,11 +183,13 @@ class Proposer:
 
     def propose(self, slots: torch.Tensor, caps: torch.Tensor, full_caps: torch.Tensor | None, workers_on: bool,
                 shadow_idle: bool, chosen: list[str | None] | None = None,
-                draft_stop: Callable[[str, torch.Tensor, torch.Tensor], bool] | None = None) -> RoundDrafts:
+                draft_stop: Callable[[str, torch.Tensor, torch.Tensor], bool] | None = None,
+                arbitrate: bool = False) -> RoundDrafts:
         """Drafts for `slots` [R] up to `caps` [R]; `full_caps` [R] (shadow drafting) the caps before the
         verify length. workers_on: the drafter workers are drafting this round (not paused);
         shadow_idle: also draft idle rows as shadows (statistics only); chosen: each row's method, as
-        already decided with the verify length (None: the selector chooses here); draft_stop: `RoundDrafts.draft_stop`."""
+        already decided with the verify length (None: the selector chooses here); draft_stop: `RoundDrafts.draft_stop`;
+        arbitrate: rows a draft model drafted may verify a model-free draft instead (`_arbitrate`, needs `arbiter`)."""
         drafts = RoundDrafts(no_drafts(len(slots), caps), [None] * len(slots), caps, full_caps, draft_stop=draft_stop)
         started = clock.now()
         if self.coordinator is None:
@@ -188,6 +198,8 @@ class Proposer:
             self._take(slots, drafts)
         else:
             self._propose_mixed(slots, drafts, workers_on, chosen)
+        if arbitrate and self.arbiter is not None:
+            self._arbitrate(slots, drafts, self.arbiter)
         drafts.draft_s = clock.now() - started
         if shadow_idle:
             started = clock.now()
@@ -312,6 +324,68 @@ class Proposer:
                 width = min(part.shape[1], merged.confidence.shape[1])
                 merged.confidence[rows, :width] = part[:, :width]
 
+    def _arbitrate(self, slots: torch.Tensor, drafts: RoundDrafts, calibration: ConfidenceCalibration) -> None:
+        """Draft arbitration (policies/arbitration.py): the rows a draft model drafted with its confidence are also
+        drafted by each model-free method that scores its drafts (`Drafter.scores_drafts`), up to the same caps; a row verifies the draft expected
+        to emit the most tokens (`drafts.swapped` where that is an offer: its acceptance is booked to the offer's
+        method). The drafts a row does not verify are kept (`drafts.unverified`) to be scored against what it
+        emits, so each method's calibration learns from every round, not only from the drafts that won."""
+        proposal, sources = drafts.proposal, drafts.sources
+        offering = [d for d in self.shadow_drafters if d.scores_drafts]
+        if proposal.confidence is None or proposal.probs is not None or not offering:
+            return
+        costly = {d.name for d in self.drafters if not d.model_free}
+        rows = [row for row, source in enumerate(sources) if source in costly
+                and int(proposal.num_tokens[row]) > 0 and not bool(torch.isnan(proposal.confidence[row, 0]))]
+        if not rows:
+            return
+        index, width = torch.tensor(rows), proposal.token_ids.shape[1]
+        num = proposal.num_tokens[index]
+        confidence = proposal.confidence[index].numpy()
+        # each row's drafts (method, tokens [R', k], confidence [R', k], num [R']), its own first, then the offers
+        drafted = [([str(sources[row]) for row in rows], proposal.token_ids[index].clone(),
+                    proposal.confidence[index].clone(), num.clone())]
+        expected = [np.zeros(len(rows))]
+        for method in set(drafted[0][0]):
+            mine = np.array([m == method for m in drafted[0][0]])
+            expected[0][mine] = expected_tokens(calibration, method, confidence[mine], num.numpy()[mine])
+        for drafter in offering:
+            started = clock.now()
+            offer = drafter.propose(self.state, DraftRequest(slots[index], drafts.caps[index], self.params,
+                                                             coupled_noise=True, confidence=True))
+            self._observe_cost(drafts, drafter.name, clock.now() - started, len(rows))
+            if offer.confidence is None:
+                continue
+            tokens = torch.zeros(len(rows), width, dtype=torch.long)
+            sure = torch.full((len(rows), width), float("nan"))
+            shared = min(width, offer.token_ids.shape[1])
+            tokens[:, :shared], sure[:, :shared] = offer.token_ids[:, :shared], offer.confidence[:, :shared]
+            offered = offer.num_tokens.clamp(max=width)
+            drafted.append(([drafter.name] * len(rows), tokens, sure, offered))
+            expected.append(np.where(offered.numpy() > 0,
+                                     expected_tokens(calibration, drafter.name, sure.numpy(), offered.numpy()), np.nan))
+        pick = np.zeros(len(rows), dtype=np.int64)
+        best = expected[0].copy()
+        for j in range(1, len(drafted)):
+            better = better_offers(best, expected[j])
+            pick[better], best[better] = j, expected[j][better]
+        for i, row in enumerate(rows):
+            for j, (methods, tokens, sure, counts) in enumerate(drafted):
+                n = int(counts[i])
+                if j != pick[i]:
+                    if n:
+                        drafts.unverified.append((row, methods[i], tokens[i, :n], sure[i, :n]))
+                    continue
+                if j == 0:
+                    continue
+                proposal.token_ids[row], proposal.num_tokens[row] = tokens[i], n
+                proposal.confidence[row] = sure[i]
+                sources[row] = methods[i]
+                if drafts.swapped is None:
+                    drafts.swapped = torch.zeros(len(sources), dtype=torch.bool)
+                drafts.swapped[row] = True
+                self.stats.arbitrated_rows += 1
+
     @staticmethod
     def _stop_for(drafts: RoundDrafts, drafter: Drafter, rows: torch.Tensor) -> Callable[[torch.Tensor], bool] | None:
         """`DraftRequest.stop` for a draft model's rows (`rows`: those it drafts, indices into the round)."""
@@ -416,7 +490,12 @@ class Proposer:
         kept = min(width, proposal.token_ids.shape[1])
         tokens[:, :kept] = proposal.token_ids[:, :kept]
         tokens[torch.arange(width)[None, :] >= num[:, None]] = 0
-        return DraftProposal(token_ids=tokens, num_tokens=num, probs=proposal.probs)
+        confidence = None
+        if proposal.confidence is not None:  # a scored model-free draft's (`Drafter.scores_drafts`), cut alike
+            confidence = torch.full((len(rows), width), float("nan"))
+            confidence[:, :kept] = proposal.confidence[:, :kept]
+            confidence[torch.arange(width)[None, :] >= num[:, None]] = float("nan")
+        return DraftProposal(token_ids=tokens, num_tokens=num, probs=proposal.probs, confidence=confidence)
 
     def _shadow_idle_rows(self, slots: torch.Tensor, drafts: RoundDrafts) -> None:
         """Draft, for statistics only, up to `shadow_rows` rows that verify no drafts this round (taking
@@ -494,6 +573,8 @@ class Proposer:
             return
         caps = drafts.caps
         drafted = caps > 0 if drafts.deferred is None else (caps > 0) & ~drafts.deferred
+        if drafts.swapped is not None:  # the chosen model's drafts were not verified: neither credit nor blame
+            drafted &= ~drafts.swapped
         keys = self.state.seq_keys[slots][drafted].tolist()
         methods = [m for m, d in zip(drafts.chosen, drafted.tolist()) if d]
         credited = accepted if drafts.fallback is None else torch.where(drafts.fallback, 0, accepted)

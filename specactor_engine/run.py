@@ -22,6 +22,7 @@ from specactor_engine.decoupled.sync import WorkerDrafterSync
 from specactor_engine.drafters import Drafter
 from specactor_engine.model.heap import trim_heap
 from specactor_engine.model.runner import ModelRunner
+from specactor_engine.policies.arbitration import observe_unverified
 from specactor_engine.policies.cost_profile import PACKED_MAX_ROWS
 from specactor_engine.policies.draft_trim import ConfidenceCalibration, choose_tokens
 from specactor_engine.policies.selector import FastestOfNSelector
@@ -63,6 +64,7 @@ class EngineView(Protocol):
     check_invariants: bool
     packed_verify: bool
     trim_calibration: ConfidenceCalibration | None
+    draft_arbitration: bool
 
 
 def trim_rows(engine: EngineView) -> int:
@@ -127,6 +129,7 @@ class RoundOutcome:
     num_accepted: torch.Tensor  # [R] accepted draft tokens per row
     counts: torch.Tensor  # [R] tokens committed per row: accepted + recovered/bonus, cut at stop conditions
     shadows: dict[str, list[int]]  # shadow drafts scored after the commit: method -> [drafts, accepted]
+    output: torch.Tensor | None = None  # [R, k+1] the tokens emitted: the first num_accepted + 1 are the target's
 
 
 class Run:
@@ -168,6 +171,8 @@ class Run:
                                  pack=engine.packed_verify and self.runner.device.type == "cpu")
         self.trim_rows = trim_rows(engine)
         self.proposer.confidence = self.trim_rows > 0
+        if self.trim_rows > 0 and engine.draft_arbitration and selector is not None and not rejection:
+            self.proposer.arbiter = engine.trim_calibration  # arbitration maps confidences as trimming does
         if self.coordinator is not None:
             spec = SamplingSpec(sampling.temperature, sampling.top_k, sampling.top_p, sampling.max_new_tokens)
             self.coordinator.reset(num_slots, max_len, spec, window=2 * engine.num_draft_tokens,
@@ -312,7 +317,8 @@ class Run:
         drafts = self.proposer.propose(slots, plan.caps, plan.full_caps, workers_on=plan.arm != SOLO,
                                        shadow_idle=self.proposer.shadows is not None and plan.drafting
                                        and self._shadows_due(plan),
-                                       chosen=plan.methods, draft_stop=self._draft_stop(plan))
+                                       chosen=plan.methods, draft_stop=self._draft_stop(plan),
+                                       arbitrate=self._trims(plan))
         self._trim(plan, drafts)
         scratch = self._scratch() if len(slots) <= self.engine.combine_below else self.dedicated_scratch[:0]
         if len(scratch) and drafts.chosen is not None and self._combination_pays(plan, len(scratch)):
@@ -330,6 +336,11 @@ class Run:
         if calibration is not None and drafts.proposal.confidence is not None and plan.policy is not None:
             calibration.observe_round(drafts.proposal.confidence.numpy(), drafts.sources,
                                       drafts.proposal.num_tokens.numpy(), outcome.num_accepted.numpy())
+        if calibration is not None and drafts.unverified and outcome.output is not None:
+            emitted = outcome.output.numpy()
+            for row, method, ids, confidence in drafts.unverified:
+                observe_unverified(calibration, method, ids.numpy(), confidence.numpy(),
+                                   emitted[row, : int(outcome.num_accepted[row]) + 1])
         tokens = len(slots) + int(drafts.proposal.num_tokens.sum())  # the real tokens verified, all rows
         self._record(plan, drafts, outcome, tokens)
         own = outcome.num_accepted if verified.own_accepted is None else verified.own_accepted  # [R]
@@ -559,7 +570,7 @@ class Run:
         if self.engine.check_invariants:
             self._assert_invariants(slots)
         self._retire(slots)
-        return RoundOutcome(num_accepted, counts, shadows)
+        return RoundOutcome(num_accepted, counts, shadows, output)
 
     def _retire(self, slots: torch.Tensor) -> None:
         """Free the slots of rows that finished this round, in every cache and draft source."""

@@ -28,8 +28,9 @@ class DraftRequest:
     coupled_noise:    True -> draw tokens with the target's position-keyed noise
                       (position-keyed acceptance); False -> independent draft noise and
                       return draft probabilities (classic rejection sampling)
-    confidence:       also return each drafted token's probability under the drafter (model drafters;
-                      draft trimming reads it: policies/draft_trim.py)
+    confidence:       also return each drafted token's probability under the drafter (model drafters), or a
+                      model-free drafter's score of it (`Drafter.scores_drafts`: suffix drafts); draft trimming
+                      and arbitration read it (policies/draft_trim.py, policies/arbitration.py)
     stop:             with `confidence`: asked after each draft step but the last, with the confidence so
                       far [R', j] of the rows drafted (those with a cap); True ends the drafting there, every
                       row with at most j drafts (draft trimming would cut every deeper position: run.py
@@ -123,6 +124,9 @@ class Drafter(ABC):
     # drafting costs no model forward: the engine may draft past the verify length (or for rows that
     # verify none) only to score the drafts against what the rows commit (specactor_engine/policies/shadow.py)
     model_free: bool = False
+    # a model-free drafter that returns its drafts' confidence when asked (`DraftRequest.confidence`): draft
+    # arbitration offers its drafts against a draft model's (specactor_engine/policies/arbitration.py)
+    scores_drafts: bool = False
     # seconds of the last `propose` spent catching up on tokens committed while other methods drafted (a
     # switching cost, kept apart from the steady drafting cost the verify length weighs)
     catch_up_s: float = 0.0

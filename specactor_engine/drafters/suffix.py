@@ -41,14 +41,14 @@ SEPARATOR = -1  # between strings of a corpus: never equal to a token, so no mat
 
 
 def suffix_continuation(corpus: np.ndarray, context: Sequence[int], k: int, min_match: int,
-                        max_depth: int) -> list[int]:
+                        max_depth: int, scores: list[float] | None = None) -> list[int]:
     """Up to k tokens a depth-bounded suffix tree over the corpus' strings would draft after `context`.
 
     corpus: [N] int64 token strings, each preceded and followed by SEPARATOR. The longest suffix
     of `context` (at most max_depth - 1 tokens, at least min_match) occurring in the corpus
     followed by a token is matched; then, while the matched path is shorter than max_depth, the
     most frequent next token over the path's occurrences is drafted (the smallest id on a tie)
-    and the path grows by it.
+    and the path grows by it. scores: where given, each drafted token's `draft_score` is appended.
     """
     longest = min(len(context), max_depth - 1)
     if longest < min_match or k <= 0:
@@ -66,10 +66,18 @@ def suffix_continuation(corpus: np.ndarray, context: Sequence[int], k: int, min_
             best, best_depth = ends, matched
     if best is None:
         return []
-    return _follow(corpus, best, best_depth, k, max_depth)
+    return _follow(corpus, best, best_depth, k, max_depth, scores)
 
 
-def _follow(corpus: np.ndarray, ends: np.ndarray, depth: int, k: int, max_depth: int) -> list[int]:
+def draft_score(count: int, total: int) -> float:
+    """A suffix draft's confidence: its token's share of the matched path's continuations, with one continuation not
+    seen yet counted in (a path seen once scores 0.5, three times alike 0.75). Draft trimming and arbitration map it
+    to an acceptance rate per bucket (policies/draft_trim.py `ConfidenceCalibration`), so only its order matters."""
+    return count / (total + 1)
+
+
+def _follow(corpus: np.ndarray, ends: np.ndarray, depth: int, k: int, max_depth: int,
+            scores: list[float] | None = None) -> list[int]:
     """Extend a matched path (occurrences ending at `ends`, `depth` tokens long) by its most frequent next tokens."""
     draft: list[int] = []
     while len(draft) < k and depth < max_depth:
@@ -78,8 +86,11 @@ def _follow(corpus: np.ndarray, ends: np.ndarray, depth: int, k: int, max_depth:
         if not len(following):
             break
         tokens, counts = np.unique(following, return_counts=True)  # ascending: argmax takes the smallest on a tie
-        token = int(tokens[int(np.argmax(counts))])
+        top = int(np.argmax(counts))
+        token = int(tokens[top])
         draft.append(token)
+        if scores is not None:
+            scores.append(draft_score(int(counts[top]), len(following)))
         ends, depth = ends[following == token] + 1, depth + 1
     return draft
 
@@ -123,8 +134,9 @@ class SuffixTree:
             active = grown[-keep:] if keep > 0 else []
         self.open[string_id] = active
 
-    def continuation(self, context: list[int], k: int, min_match: int) -> list[int]:
-        """Up to k tokens following the longest suffix of `context` found in the tree (most frequent path)."""
+    def continuation(self, context: list[int], k: int, min_match: int, scores: list[float] | None = None) -> list[int]:
+        """Up to k tokens following the longest suffix of `context` found in the tree (most frequent path);
+        scores: where given, each drafted token's `draft_score` is appended."""
         longest = min(len(context), self.max_depth - 1)
         for length in range(longest, min_match - 1, -1):
             node = self.root
@@ -136,7 +148,10 @@ class SuffixTree:
                 continue
             draft = []
             while node.children and len(draft) < k:
-                token, node = max(node.children.items(), key=lambda item: (item[1].count, -item[0]))
+                token, child = max(node.children.items(), key=lambda item: (item[1].count, -item[0]))
+                if scores is not None:
+                    scores.append(draft_score(child.count, sum(c.count for c in node.children.values())))
+                node = child
                 draft.append(token)
             return draft
         return []
@@ -205,6 +220,7 @@ class SuffixDrafter(Drafter):
     """Drafts by suffix matching over the group's strings (prompt, history, siblings in flight and finished)."""
 
     model_free = True
+    scores_drafts = True  # `draft_score` per drafted token when asked
 
     def __init__(self, config: Any, context: DrafterContext | None = None) -> None:
         self.name = getattr(config, "name", None) or "suffix"
@@ -266,6 +282,7 @@ class SuffixDrafter(Drafter):
         k = int(request.max_draft_tokens.max()) if len(request.slots) else 0
         token_ids = torch.zeros(len(request.slots), k, dtype=torch.long)
         num_tokens = torch.zeros(len(request.slots), dtype=torch.long)
+        confidence = torch.full((len(request.slots), k), float("nan")) if request.confidence else None
         corpora: dict[str, np.ndarray] = {}  # one per group per call
         tokens = state.tokens.numpy()
         for row, (slot, cap) in enumerate(zip(request.slots.tolist(), request.max_draft_tokens.tolist())):
@@ -276,10 +293,13 @@ class SuffixDrafter(Drafter):
                 corpora[key] = self.corpus(key, state)
             start, end = int(state.prompt_lengths[slot]), int(state.lengths[slot])
             context = tokens[slot, max(start, end - self.max_depth) : end]
-            found = suffix_continuation(corpora[key], context, cap, self.min_match, self.max_depth)
+            scores: list[float] | None = [] if confidence is not None else None
+            found = suffix_continuation(corpora[key], context, cap, self.min_match, self.max_depth, scores)
             token_ids[row, : len(found)] = torch.tensor(found, dtype=torch.long)
             num_tokens[row] = len(found)
-        return DraftProposal(token_ids=token_ids, num_tokens=num_tokens)
+            if confidence is not None and found:
+                confidence[row, : len(found)] = torch.tensor(scores, dtype=torch.float32)
+        return DraftProposal(token_ids=token_ids, num_tokens=num_tokens, confidence=confidence)
 
     def _history_file(self, directory: Path) -> Path:
         return directory / f"{self.name.replace('/', '_').replace(':', '_')}.history.jsonl"

@@ -8,8 +8,10 @@ import numpy as np
 import pytest
 import torch
 
+from specactor_engine.drafters.base import DraftRequest
 from specactor_engine.drafters.suffix import SEPARATOR, SuffixDrafter, SuffixHistory, SuffixTree, suffix_continuation
 from specactor_engine.engine import Engine
+from specactor_engine.sampling import SamplingParams
 from specactor_engine.state import SequenceState
 from specactor_engine.types import Request
 from tests.engine.test_exactness import MAX_LEN, rollout, sampling, token_ids
@@ -105,8 +107,11 @@ def test_the_scan_drafts_exactly_what_the_reference_tree_drafts(max_depth, min_m
             if strings[0] and rng.random() < 0.5:  # a context that is a string's own end, as for a row
                 context = strings[0][-rng.integers(1, len(strings[0]) + 1):]
             k = int(rng.integers(1, 6))
-            assert suffix_continuation(corpus, context, k, min_match, max_depth) == \
-                tree.continuation(context, k, min_match), (trial, strings, context, k)
+            scores: list[float] = []
+            reference_scores: list[float] = []
+            assert suffix_continuation(corpus, context, k, min_match, max_depth, scores) == \
+                tree.continuation(context, k, min_match, reference_scores), (trial, strings, context, k)
+            assert scores == reference_scores, (trial, strings, context, k)  # the paths' counts, as the tree holds them
 
 
 def test_drafts_see_every_sibling_string_in_flight_or_finished():
@@ -149,10 +154,14 @@ def test_drafts_see_every_sibling_string_in_flight_or_finished():
         for string_id, tokens in enumerate([prompt, *finished, outputs[0], outputs[1], outputs[2]]):
             eager.extend(string_id, tokens)
         for slot in (0, 1, 2):
-            request = SimpleNamespace(slots=torch.tensor([slot]), max_draft_tokens=torch.tensor([3]))
+            request = DraftRequest(torch.tensor([slot]), torch.tensor([3]), SamplingParams(), confidence=True)
             proposal = drafter.propose(state, request)
             drafted = proposal.token_ids[0, : int(proposal.num_tokens[0])].tolist()
-            expected = eager.continuation(outputs[slot][-4:], 3, 1)
+            scores: list[float] = []
+            expected = eager.continuation(outputs[slot][-4:], 3, 1, scores)
             assert drafted == expected, (step, slot)
+            # each draft's confidence: its share of the path's continuations (drafters/suffix.py `draft_score`)
+            assert proposal.confidence[0, : len(drafted)].tolist() == pytest.approx(scores), (step, slot)
+            assert bool(proposal.confidence[0, len(drafted) :].isnan().all())
             checked += bool(expected)
     assert checked > 10  # the comparison saw real drafts, not only empty ones
