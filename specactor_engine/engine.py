@@ -81,7 +81,7 @@ class Engine:
         self.packed_verify = rollout.packed_verify
         # draft trimming's map from drafter confidence to acceptance, kept across calls as the policy's statistics are
         self.trim_calibration = ConfidenceCalibration() if rollout.draft_trimming else None
-        self.draft_arbitration = rollout.draft_arbitration  # read by run.py where trimming runs (policies/arbitration.py)
+        self.draft_arbitration = rollout.draft_arbitration  # run.py, where trimming runs (policies/arbitration.py)
         # dynamic: a VerifyLengthPolicy picks k in 0..num_draft_tokens each round (built on first use,
         # from `cost_table` or the cached startup profile); it keeps its statistics across calls.
         self.verify_length = rollout.verify_length if self.drafters or self.coordinator else "fixed"

@@ -326,10 +326,11 @@ class Proposer:
 
     def _arbitrate(self, slots: torch.Tensor, drafts: RoundDrafts, calibration: ConfidenceCalibration) -> None:
         """Draft arbitration (policies/arbitration.py): the rows a draft model drafted with its confidence are also
-        drafted by each model-free method that scores its drafts (`Drafter.scores_drafts`), up to the same caps; a row verifies the draft expected
-        to emit the most tokens (`drafts.swapped` where that is an offer: its acceptance is booked to the offer's
-        method). The drafts a row does not verify are kept (`drafts.unverified`) to be scored against what it
-        emits, so each method's calibration learns from every round, not only from the drafts that won."""
+        drafted by each model-free method that scores its drafts (`Drafter.scores_drafts`), up to the same caps; a
+        row verifies the draft expected to emit the most tokens (`drafts.swapped` where that is an offer: its
+        acceptance is booked to the offer's method). The drafts a row does not verify are kept (`drafts.unverified`)
+        to be scored against what it emits, so each method's calibration learns from every round, not only from the
+        drafts that won."""
         proposal, sources = drafts.proposal, drafts.sources
         offering = [d for d in self.shadow_drafters if d.scores_drafts]
         if proposal.confidence is None or proposal.probs is not None or not offering:

@@ -125,7 +125,7 @@ class EngineStats:
     candidate_wins: int = 0  # ... and how many of them were accepted further than the row's own
     trimmed_tokens: int = 0  # drafts cut before the verify as not worth their verify time (policies/draft_trim.py)
     draft_stops: int = 0  # draft-model calls that draft trimming ended before the round's verify length (run.py)
-    arbitrated_rows: int = 0  # rows that verified a model-free draft in place of their model's (policies/arbitration.py)
+    arbitrated_rows: int = 0  # rows that verified a model-free draft in place of their model's (arbitration.py)
     shadow_drafts: int = 0  # drafts scored against the committed tokens instead of verified (shadow.py)
     shadow_accepted: int = 0  # ... and the tokens of them a verify would have accepted
     shadow_drafts_per_drafter: dict[str, int] = field(default_factory=dict)  # ... by method
