@@ -114,10 +114,10 @@ ENGINE_VARIANTS: tuple[EngineVariant, ...] = (
     EngineVariant("specactor-untrimmed", "specactor", "`specactor` without draft trimming "
                   "(rollout.draft_trimming=false: every drafted position is verified).",
                   ("model", "feature", "suffix", "ngram"), "dynamic", workers=True, trimming=False),
-    EngineVariant("specactor-unarbitrated", "specactor", "`specactor` without draft arbitration "
-                  "(rollout.draft_arbitration=false: a row a draft model drafted verifies that draft, never a suffix "
-                  "draft expected to emit more).",
-                  ("model", "feature", "suffix", "ngram"), "dynamic", workers=True, arbitration=False),
+    EngineVariant("specactor-arbitrated", "specactor", "`specactor` with draft arbitration "
+                  "(rollout.draft_arbitration=true: a row a draft model drafted verifies a suffix draft instead where "
+                  "that one is expected to emit more tokens).",
+                  ("model", "feature", "suffix", "ngram"), "dynamic", workers=True, arbitration=True),
     EngineVariant("oracle", "coupled", "Coupled mode fed the target's own final outputs: the ceiling at this verify "
                   "length.", ("oracle",)),
     EngineVariant("oracle-dynamic", "coupled", "The oracle with the cost-model verify length: no drafter can beat "

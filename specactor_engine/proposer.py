@@ -297,8 +297,10 @@ class Proposer:
                 continue
             shadowing = full_caps is not None and drafter.model_free
             asked = full_caps[rows] if shadowing else caps[rows]
+            # a model-free drafter's scores only where arbitration reads them (trimming then reads them too)
+            confident = self.confidence and (not drafter.model_free or self.arbiter is not None)
             request = DraftRequest(slots[rows], asked, self.params, coupled_noise=not self.rejection,
-                                   confidence=self.confidence, stop=self._stop_for(drafts, drafter, rows[asked > 0]))
+                                   confidence=confident, stop=self._stop_for(drafts, drafter, rows[asked > 0]))
             started = clock.now()
             proposal = drafter.propose(self.state, request)
             if shadowing:  # drafted to the cap: what this round does not verify is scored as a shadow

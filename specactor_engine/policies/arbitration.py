@@ -21,6 +21,9 @@ starts out over-rated keeps winning rows it loses until its few buckets have see
 position-keyed acceptance the tokens a row emits are the target's own samples whatever it verified, so the drafts
 a row did not verify are scored against them too (`observe_unverified`), as far as the row emitted.
 
+Off by default (`rollout.draft_arbitration`): on trace D it swapped rows to suffix drafts that were accepted less
+than the feature drafts they replaced, and the runs took more rounds (docs/architecture.md 8.7, session 68).
+
 Pure numpy, no engine: unit-tested on its own (tests/engine/test_arbitration.py).
 """
 

@@ -30,7 +30,7 @@ EXPECTED = {
     "decoupled": ("decoupled", [], None, "dynamic", True, True),
     "specactor": ("specactor", ["model", "suffix", "ngram"], ["suffix", "ngram"], "dynamic", True, True),
     "specactor-untrimmed": ("specactor", ["model", "suffix", "ngram"], ["suffix", "ngram"], "dynamic", True, True),
-    "specactor-unarbitrated": ("specactor", ["model", "suffix", "ngram"], ["suffix", "ngram"], "dynamic", True, True),
+    "specactor-arbitrated": ("specactor", ["model", "suffix", "ngram"], ["suffix", "ngram"], "dynamic", True, True),
     "oracle": ("coupled", ["suffix", "ngram"], ["suffix", "ngram"], "fixed", False, True),
     "oracle-dynamic": ("coupled", ["suffix", "ngram"], ["suffix", "ngram"], "dynamic", False, True),
 }
@@ -56,7 +56,7 @@ def test_every_system_name_is_registered_in_order():
     assert list(SYSTEMS) == ["hf", "ar", "ar-torch", "coupled", "coupled-dynamic", "coupled-suffix", "coupled-ngram",
                              "coupled-cheap", "coupled-cheap-untrimmed", "coupled-feature", "coupled-feature-float",
                              "coupled-feature-untrimmed", "decoupled", "specactor", "specactor-untrimmed",
-                             "specactor-unarbitrated", "oracle", "oracle-dynamic", "vllm", "vllm-spec", "vllm-ngram"]
+                             "specactor-arbitrated", "oracle", "oracle-dynamic", "vllm", "vllm-spec", "vllm-ngram"]
     assert [name for name, entry in SYSTEMS.items() if entry.needs_reference] == ["oracle", "oracle-dynamic"]
     assert system_unavailable("ar") is None and system_unavailable("nothing") is None
 
@@ -81,7 +81,7 @@ def test_each_engine_row_configures_the_engine_like_before(variant, specs):
             (defaults.combine_below, defaults.shadow_rows, defaults.acceptance, defaults.selection,
              defaults.packed_verify)
         assert rollout.draft_trimming == (not variant.name.endswith("-untrimmed"))
-        assert rollout.draft_arbitration == (not variant.name.endswith("-unarbitrated"))
+        assert rollout.draft_arbitration == variant.name.endswith("-arbitrated")
 
 
 @pytest.mark.parametrize("name", ["decoupled", "coupled-cheap"])
