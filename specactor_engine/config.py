@@ -218,8 +218,9 @@ class RolloutConfig(_Frozen):
         False, description="With draft trimming and Fastest-of-N (mode specactor, position-keyed acceptance): rows "
         "a draft model drafted are also drafted by the model-free methods that report a confidence (suffix), and each "
         "verifies whichever draft is expected to emit more tokens, by the confidences mapped to acceptance rates as "
-        "trimming maps them (policies/arbitration.py). Output is unchanged. Off by default: on trace D (session 68) "
-        "the swapped rows' suffix drafts were accepted at ~0.5 and the runs took more rounds than without it.")
+        "trimming maps them, an offer's in the context of the model's confidence (policies/arbitration.py). Output is "
+        "unchanged. Off by default: on trace D (session 68, before offers were calibrated in context) the swapped rows' "
+        "suffix drafts were accepted at ~0.5 and the runs took more rounds than without it.")
     packed_verify: bool = Field(
         True, description="On a CPU, a verify round of at most 32 rows whose rows verify different numbers of drafts "
         "runs their real tokens only, one token per row of the forward, instead of padding every row to the widest "

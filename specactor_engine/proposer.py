@@ -19,7 +19,7 @@ from specactor_engine import clock
 from specactor_engine.decoupled.coordinator import DecoupledCoordinator
 from specactor_engine.decoupled.sync import WorkerDrafterSync
 from specactor_engine.drafters import DraftRequest, Drafter
-from specactor_engine.policies.arbitration import better_offers, expected_tokens
+from specactor_engine.policies.arbitration import better_offers, expected_tokens, offer_key
 from specactor_engine.policies.draft_trim import ConfidenceCalibration
 from specactor_engine.policies.selector import FastestOfNSelector
 from specactor_engine.policies.shadow import ShadowBook, ShadowDraft
@@ -52,8 +52,10 @@ class RoundDrafts:
     fallback: torch.Tensor | None = None  # [R] bool: drafted by another method after the chosen one gave none
     deferred: torch.Tensor | None = None  # [R] bool: acceptance scored later from a shadow, not this verify
     swapped: torch.Tensor | None = None  # [R] bool: verifies a model-free draft in place of its model's (arbitration)
-    # arbitration's drafts not verified: (row, method, tokens [n], confidence [n]), scored against what the row emits
-    unverified: list[tuple[int, str, torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    # arbitration's drafts not verified: (row, calibration keys, tokens [n], confidence [n]), scored against what
+    # the row emits; a swapped row's offer is also booked under its context's key (policies/arbitration.py offer_key)
+    unverified: list[tuple[int, tuple[str, ...], torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    offer_keys: dict[int, str] = field(default_factory=dict)  # swapped row -> its offer's `offer_key`
     candidates: Candidates | None = None  # combination's second drafts, if this round verifies any
     draft_s: float = 0.0  # seconds proposing the verified drafts (the critical path's drafting)
     shadow_s: float = 0.0  # seconds drafting idle rows for statistics only
@@ -330,9 +332,10 @@ class Proposer:
         """Draft arbitration (policies/arbitration.py): the rows a draft model drafted with its confidence are also
         drafted by each model-free method that scores its drafts (`Drafter.scores_drafts`), up to the same caps; a
         row verifies the draft expected to emit the most tokens (`drafts.swapped` where that is an offer: its
-        acceptance is booked to the offer's method). The drafts a row does not verify are kept (`drafts.unverified`)
-        to be scored against what it emits, so each method's calibration learns from every round, not only from the
-        drafts that won."""
+        acceptance is booked to the offer's method). An offer's expectation comes from its method's calibration in
+        the row's context (`offer_key`: the model's confidence in its first draft). The drafts a row does not verify
+        are kept (`drafts.unverified`) to be scored against what it emits, so each calibration learns from every
+        arbitrated row, not only from the drafts that won."""
         proposal, sources = drafts.proposal, drafts.sources
         offering = [d for d in self.shadow_drafters if d.scores_drafts]
         if proposal.confidence is None or proposal.probs is not None or not offering:
@@ -345,9 +348,11 @@ class Proposer:
         index, width = torch.tensor(rows), proposal.token_ids.shape[1]
         num = proposal.num_tokens[index]
         confidence = proposal.confidence[index].numpy()
-        # each row's drafts (method, tokens [R', k], confidence [R', k], num [R']), its own first, then the offers
+        # each row's drafts (method, tokens [R', k], confidence [R', k], num [R']), its own first, then the offers,
+        # and the calibration keys each is expected and scored under
         drafted = [([str(sources[row]) for row in rows], proposal.token_ids[index].clone(),
                     proposal.confidence[index].clone(), num.clone())]
+        keys = [[(str(sources[row]),) for row in rows]]
         expected = [np.zeros(len(rows))]
         for method in set(drafted[0][0]):
             mine = np.array([m == method for m in drafted[0][0]])
@@ -365,8 +370,13 @@ class Proposer:
             tokens[:, :shared], sure[:, :shared] = offer.token_ids[:, :shared], offer.confidence[:, :shared]
             offered = offer.num_tokens.clamp(max=width)
             drafted.append(([drafter.name] * len(rows), tokens, sure, offered))
-            expected.append(np.where(offered.numpy() > 0,
-                                     expected_tokens(calibration, drafter.name, sure.numpy(), offered.numpy()), np.nan))
+            contexts = [offer_key(drafter.name, float(c)) for c in confidence[:, 0]]
+            keys.append([(drafter.name, context) for context in contexts])
+            mine = np.full(len(rows), np.nan)
+            for context in set(contexts):
+                at = np.array([c == context for c in contexts])
+                mine[at] = expected_tokens(calibration, context, sure.numpy()[at], offered.numpy()[at])
+            expected.append(np.where(offered.numpy() > 0, mine, np.nan))
         pick = np.zeros(len(rows), dtype=np.int64)
         best = expected[0].copy()
         for j in range(1, len(drafted)):
@@ -377,13 +387,14 @@ class Proposer:
                 n = int(counts[i])
                 if j != pick[i]:
                     if n:
-                        drafts.unverified.append((row, methods[i], tokens[i, :n], sure[i, :n]))
+                        drafts.unverified.append((row, keys[j][i], tokens[i, :n], sure[i, :n]))
                     continue
                 if j == 0:
                     continue
                 proposal.token_ids[row], proposal.num_tokens[row] = tokens[i], n
                 proposal.confidence[row] = sure[i]
                 sources[row] = methods[i]
+                drafts.offer_keys[row] = keys[j][i][-1]
                 if drafts.swapped is None:
                     drafts.swapped = torch.zeros(len(sources), dtype=torch.bool)
                 drafts.swapped[row] = True

@@ -336,10 +336,14 @@ class Run:
         if calibration is not None and drafts.proposal.confidence is not None and plan.policy is not None:
             calibration.observe_round(drafts.proposal.confidence.numpy(), drafts.sources,
                                       drafts.proposal.num_tokens.numpy(), outcome.num_accepted.numpy())
+            if drafts.offer_keys:  # swapped rows: their offers' context keys too (policies/arbitration.py)
+                calibration.observe_round(drafts.proposal.confidence.numpy(),
+                                          [drafts.offer_keys.get(row) for row in range(len(slots))],
+                                          drafts.proposal.num_tokens.numpy(), outcome.num_accepted.numpy())
         if calibration is not None and drafts.unverified and outcome.output is not None:
             emitted = outcome.output.numpy()
-            for row, method, ids, confidence in drafts.unverified:
-                observe_unverified(calibration, method, ids.numpy(), confidence.numpy(),
+            for row, keys, ids, confidence in drafts.unverified:
+                observe_unverified(calibration, keys, ids.numpy(), confidence.numpy(),
                                    emitted[row, : int(outcome.num_accepted[row]) + 1])
         tokens = len(slots) + int(drafts.proposal.num_tokens.sum())  # the real tokens verified, all rows
         self._record(plan, drafts, outcome, tokens)

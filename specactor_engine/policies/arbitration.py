@@ -21,8 +21,13 @@ starts out over-rated keeps winning rows it loses until its few buckets have see
 position-keyed acceptance the tokens a row emits are the target's own samples whatever it verified, so the drafts
 a row did not verify are scored against them too (`observe_unverified`), as far as the row emitted.
 
-Off by default (`rollout.draft_arbitration`): on trace D it swapped rows to suffix drafts that were accepted less
-than the feature drafts they replaced, and the runs took more rounds (docs/architecture.md 8.7, session 68).
+An offer's acceptance is calibrated per context (`offer_key`): the method and the bucket of the model's confidence in
+the row's first draft. One rate per score bucket over all rows (session 68) was learned mostly where the model was
+sure, where the text is predictable and suffix drafts do well too; but an offer wins only where the model is unsure,
+where the text is least predictable for any drafter. On trace D that swapped rows to suffix drafts accepted at 0.52
+in place of feature drafts accepted at 0.76, and the runs took more rounds (docs/architecture.md 8.7).
+
+Off by default (`rollout.draft_arbitration`).
 
 Pure numpy, no engine: unit-tested on its own (tests/engine/test_arbitration.py).
 """
@@ -32,6 +37,15 @@ from __future__ import annotations
 import numpy as np
 
 from specactor_engine.policies.draft_trim import ConfidenceCalibration
+
+# the model's confidence in its first draft, bucketed: an offer's acceptance is learned per such context
+CONTEXT_EDGES = (0.3, 0.6, 0.9)
+
+
+def offer_key(method: str, model_confidence: float) -> str:
+    """The calibration key of `method`'s offer to a row whose model drafted first with `model_confidence`:
+    'suffix|0' for a model below 0.3 sure, ... 'suffix|3' at 0.9 and above (module docstring)."""
+    return f"{method}|{int(np.searchsorted(CONTEXT_EDGES, model_confidence, side='right'))}"
 
 
 def expected_tokens(calibration: ConfidenceCalibration, method: str, confidence: np.ndarray,
@@ -56,14 +70,16 @@ def better_offers(own: np.ndarray, offers: np.ndarray) -> np.ndarray:
         return ~np.isnan(own) & ~np.isnan(offers) & (offers > own)
 
 
-def observe_unverified(calibration: ConfidenceCalibration, method: str, tokens: np.ndarray, confidence: np.ndarray,
-                       emitted: np.ndarray) -> None:
+def observe_unverified(calibration: ConfidenceCalibration, methods: tuple[str, ...], tokens: np.ndarray,
+                       confidence: np.ndarray, emitted: np.ndarray) -> None:
     """Score a draft the row did not verify (tokens [n], its confidences [n]) against the tokens the row emitted
     [m] (accepted drafts and the one after: the target's own samples, whatever was drafted, under position-keyed
-    acceptance): position j counts where every earlier one matched and j < m, accepted iff it matches too."""
+    acceptance): position j counts where every earlier one matched and j < m, accepted iff it matches too. Booked
+    under each of `methods` (calibration keys: an offer's method and its `offer_key`)."""
     reached = min(len(tokens), len(emitted))
     hits = np.asarray(tokens[:reached]) == np.asarray(emitted[:reached])
     decided = reached if hits.all() else int(np.argmin(hits)) + 1  # up to and including the first miss
     if decided:
-        calibration.observe(method, np.asarray(confidence[:decided], dtype=np.float64).tolist(),
-                            hits[:decided].tolist())
+        for method in methods:
+            calibration.observe(method, np.asarray(confidence[:decided], dtype=np.float64).tolist(),
+                                hits[:decided].tolist())

@@ -60,6 +60,12 @@ class ConfidenceCalibration:
         b = self.bucket(confidence)
         return accepted[b] / seen[b]
 
+    def outcomes(self, method: str) -> float:
+        """The outcomes observed for `method` (those past the horizon scaled down; 0 for a method never seen)."""
+        if method not in self._seen:
+            return 0.0
+        return float((self._seen[method] - self.prior_weight).sum())
+
     def observe(self, method: str, confidence: Sequence[float], accepted: Sequence[bool]) -> None:
         """Outcomes of verified drafts that were reached (every draft before them accepted)."""
         counts_accepted, seen = self._counts(method)

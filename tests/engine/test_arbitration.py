@@ -9,7 +9,7 @@ import torch
 
 from specactor_engine import clock
 from specactor_engine.model.feature_draft import FeatureDraftModel
-from specactor_engine.policies.arbitration import better_offers, expected_tokens, observe_unverified
+from specactor_engine.policies.arbitration import better_offers, expected_tokens, observe_unverified, offer_key
 from specactor_engine.policies.draft_trim import ConfidenceCalibration
 from tests.engine.test_draft_trim import trimming_table
 from tests.engine.test_exactness import make_drafter, ragged_requests, run, sampling, token_ids
@@ -50,13 +50,33 @@ def test_an_unknown_or_equal_expectation_keeps_the_row_s_own_draft():
 def test_a_draft_not_verified_is_scored_as_far_as_the_row_emitted():
     calibration = ConfidenceCalibration(prior_weight=1.0)
     # drafts 7, 8, 9 against emitted 7, 5: the first accepted, the second rejected, the third never reached
-    observe_unverified(calibration, "suffix", np.array([7, 8, 9]), np.array([0.75, 0.75, 0.95]), np.array([7, 5]))
+    observe_unverified(calibration, ("suffix",), np.array([7, 8, 9]), np.array([0.75, 0.75, 0.95]), np.array([7, 5]))
     assert calibration.rates("suffix", np.array([0.75]))[0] == pytest.approx((0.75 + 1) / 3)
     assert calibration.rates("suffix", np.array([0.95]))[0] == pytest.approx(0.95)  # unchanged: not reached
     # a draft longer than what was emitted is scored only as far as the emitted tokens go
-    observe_unverified(calibration, "suffix", np.array([1, 2, 3]), np.array([0.95, 0.95, 0.15]), np.array([1, 2]))
+    observe_unverified(calibration, ("suffix",), np.array([1, 2, 3]), np.array([0.95, 0.95, 0.15]), np.array([1, 2]))
     assert calibration.rates("suffix", np.array([0.95]))[0] == pytest.approx((0.95 + 2) / 3)
     assert calibration.rates("suffix", np.array([0.15]))[0] == pytest.approx(0.15)
+
+
+def test_an_offer_is_booked_and_expected_in_the_model_s_confidence_context():
+    """An offer's acceptance is learned per context, the model's confidence in its first draft: suffix drafts that
+    are accepted where the model is sure do not win the rows where it is unsure if they are rejected there."""
+    assert [offer_key("suffix", c) for c in (0.0, 0.29, 0.3, 0.6, 0.89, 0.9, 1.0)] == [
+        "suffix|0", "suffix|0", "suffix|1", "suffix|2", "suffix|2", "suffix|3", "suffix|3"]
+    calibration = ConfidenceCalibration(prior_weight=1.0)
+    offer = (np.array([5, 6]), np.array([0.75, 0.75]))
+    for _ in range(30):  # sure model: the offer's tokens are what the row emits; unsure model: its first is not
+        observe_unverified(calibration, ("suffix", offer_key("suffix", 0.95)), *offer, np.array([5, 6, 1]))
+    for _ in range(10):
+        observe_unverified(calibration, ("suffix", offer_key("suffix", 0.2)), *offer, np.array([4]))
+    assert calibration.outcomes("suffix") == 70 and calibration.outcomes("suffix|3") == 60
+    assert calibration.outcomes("suffix|0") == 10 and calibration.outcomes("suffix|1") == 0
+    own = expected_tokens(calibration, "feature", np.array([[0.25, 0.25]]), np.array([2]))  # an unsure model
+    pooled = expected_tokens(calibration, "suffix", offer[1][None, :], np.array([2]))
+    in_context = expected_tokens(calibration, offer_key("suffix", 0.25), offer[1][None, :], np.array([2]))
+    assert better_offers(own, pooled).tolist() == [True]  # the pooled rate (mostly sure rows) would swap the row
+    assert better_offers(own, in_context).tolist() == [False]  # in its context the offer is rejected: kept
 
 
 def one_layer_pair(noise: float):
@@ -91,13 +111,16 @@ def test_arbitrated_rounds_emit_what_plain_decoding_does(temperature):
                              cost_table=trimming_table(), verify_length="dynamic", draft_trimming=True,
                              draft_arbitration=arbitration)
         with clock.replaced(lambda: 0.0):  # rounds priced by the table, not by a busy machine's wall clock
-            return target, engine.generate(requests, params)
+            return target, engine, engine.generate(requests, params)
 
-    target, arbitrated = generate(True)
+    target, arbitrated_engine, arbitrated = generate(True)
     reference = token_ids(run(target, requests, params))
     assert token_ids(arbitrated) == reference
     assert arbitrated.stats.arbitrated_rows > 0
     assert arbitrated.stats.drafted_per_drafter.get("feature", 0) > 0
-    _, plain = generate(False)
+    calibration = arbitrated_engine.trim_calibration  # offers were booked in their contexts too
+    contexts = sum(calibration.outcomes(offer_key("suffix", c)) for c in (0.0, 0.3, 0.6, 0.9))
+    assert 0 < contexts <= calibration.outcomes("suffix")  # "suffix" also has the rows that chose suffix drafts
+    _, _, plain = generate(False)
     assert plain.stats.arbitrated_rows == 0
     assert token_ids(plain) == reference
